@@ -1,0 +1,129 @@
+// FlashMask column-boundary mask: the one place where the mask is read and
+// where (query tile, key block) pairs are classified. Every path uses it: the
+// CPU kernels, the Hopper kernels (it compiles for the device), the block
+// classification op that the workload estimate and the CP plan call.
+//
+// Semantics (FlashMask, arXiv:2410.01359 §4.1; Paddle's flashmask_attention):
+// startend_row_indices[b, hm, j, :] holds, for key column j, query-row bounds.
+//   causal, C=1:     LTS                masked rows: [LTS, S_q)
+//   causal, C=2:     LTS, LTE           masked rows: [LTS, LTE)
+//   non-causal, C=2: LTS, UTE           masked rows: [LTS, S_q) and [0, UTE)
+//   non-causal, C=4: LTS, LTE, UTS, UTE masked rows: [LTS, LTE) and [UTS, UTE)
+// Causal additionally hides key j from row i when j > i + (S_k - S_q)
+// (bottom-right alignment). block_mask (optional, 128x128 blocks, 1 = keep)
+// is AND-ed on top.
+#pragma once
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define FM3_HD __host__ __device__ __forceinline__
+#else
+#define FM3_HD inline
+#endif
+
+namespace fm3 {
+
+// Side of the square blocks addressed by block_mask (Paddle's convention).
+constexpr int kBlockMaskSize = 128;
+
+enum TileClass : int32_t {
+  kFullyMasked = 0,  // skip: no load, no math
+  kPartial = 1,      // apply the per-element mask
+  kUnmasked = 2,     // no mask work at all
+};
+
+// The bounds of one key column, normalized to the four-interval form
+// [lts, lte) U [uts, ute); an absent interval is empty.
+struct ColumnBounds {
+  int32_t lts, lte, uts, ute;
+};
+
+FM3_HD ColumnBounds load_column(const int32_t* col, int mask_cols, bool causal,
+                                int seqlen_q) {
+  ColumnBounds c;
+  c.lts = col[0];
+  if (causal) {
+    c.lte = mask_cols == 2 ? col[1] : seqlen_q;
+    c.uts = 0;
+    c.ute = 0;
+  } else if (mask_cols == 2) {
+    c.lte = seqlen_q;
+    c.uts = 0;
+    c.ute = col[1];
+  } else {
+    c.lte = col[1];
+    c.uts = col[2];
+    c.ute = col[3];
+  }
+  return c;
+}
+
+FM3_HD bool row_masked(const ColumnBounds& c, int row) {
+  return (row >= c.lts && row < c.lte) || (row >= c.uts && row < c.ute);
+}
+
+// Min/max of each boundary vector over one block of key columns.
+struct BlockSummary {
+  int32_t lts_min, lts_max, lte_min, lte_max;
+  int32_t uts_min, uts_max, ute_min, ute_max;
+};
+
+FM3_HD BlockSummary empty_summary() {
+  const int32_t hi = 0x7fffffff, lo = -0x7fffffff - 1;
+  return BlockSummary{hi, lo, hi, lo, hi, lo, hi, lo};
+}
+
+FM3_HD void summary_add(BlockSummary& s, const ColumnBounds& c) {
+  s.lts_min = c.lts < s.lts_min ? c.lts : s.lts_min;
+  s.lts_max = c.lts > s.lts_max ? c.lts : s.lts_max;
+  s.lte_min = c.lte < s.lte_min ? c.lte : s.lte_min;
+  s.lte_max = c.lte > s.lte_max ? c.lte : s.lte_max;
+  s.uts_min = c.uts < s.uts_min ? c.uts : s.uts_min;
+  s.uts_max = c.uts > s.uts_max ? c.uts : s.uts_max;
+  s.ute_min = c.ute < s.ute_min ? c.ute : s.ute_min;
+  s.ute_max = c.ute > s.ute_max ? c.ute : s.ute_max;
+}
+
+// Classify query rows [m0, m1) against key columns [n0, n1) (both non-empty,
+// already clipped to the sequence) from the block summary of those columns.
+// causal_offset = S_k - S_q. Conservative: kPartial is always a correct answer;
+// kFullyMasked and kUnmasked are exact claims.
+FM3_HD TileClass classify_tile(const BlockSummary& s, int m0, int m1, int n0,
+                               int n1, bool causal, int causal_offset) {
+  if (causal && n0 > m1 - 1 + causal_offset) return kFullyMasked;
+  if ((m0 >= s.lts_max && m1 <= s.lte_min) ||
+      (m0 >= s.uts_max && m1 <= s.ute_min))
+    return kFullyMasked;
+  bool partial = (m0 < s.lte_max && m1 > s.lts_min) ||
+                 (m0 < s.ute_max && m1 > s.uts_min);
+  if (causal && n1 - 1 > m0 + causal_offset) partial = true;
+  return partial ? kPartial : kUnmasked;
+}
+
+// block_mask refines a class: a tile is fully masked if every 128x128 block it
+// touches is 0, partial if some are, unchanged if all are 1.
+// bm points at block_mask[b, hm, 0, 0], row length bm_cols.
+FM3_HD TileClass apply_block_mask(TileClass cls, const int32_t* bm, int bm_cols,
+                                  int m0, int m1, int n0, int n1) {
+  if (bm == nullptr || cls == kFullyMasked) return cls;
+  bool any_keep = false, any_drop = false;
+  for (int bi = m0 / kBlockMaskSize; bi <= (m1 - 1) / kBlockMaskSize; ++bi)
+    for (int bj = n0 / kBlockMaskSize; bj <= (n1 - 1) / kBlockMaskSize; ++bj) {
+      if (bm[bi * bm_cols + bj]) any_keep = true; else any_drop = true;
+    }
+  if (!any_keep) return kFullyMasked;
+  return any_drop ? kPartial : cls;
+}
+
+// Per-element visibility, used only on partial tiles.
+FM3_HD bool visible(const ColumnBounds& c, int row, int col, bool causal,
+                    int causal_offset, const int32_t* bm, int bm_cols) {
+  if (causal && col > row + causal_offset) return false;
+  if (row_masked(c, row)) return false;
+  if (bm != nullptr &&
+      bm[(row / kBlockMaskSize) * bm_cols + col / kBlockMaskSize] == 0)
+    return false;
+  return true;
+}
+
+}  // namespace fm3

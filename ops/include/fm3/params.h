@@ -1,0 +1,67 @@
+/* The single contract between the framework bindings (Paddle op, DLPack
+ * binding) and the kernels: plain pointers, shapes and strides. Plain C so the
+ * kernels can sit in a shared library with a C ABI and know no framework. */
+#ifndef FM3_PARAMS_H_
+#define FM3_PARAMS_H_
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { FM3_FLOAT32 = 0, FM3_FLOAT16 = 1, FM3_BFLOAT16 = 2 } fm3_dtype;
+
+/* Layout [batch, seqlen, num_heads, head_dim]; strides in elements; the
+ * head_dim stride is 1. startend_row_indices is contiguous int32
+ * [batch, mask_heads, seqlen_k, mask_cols]; block_mask (may be NULL) is
+ * contiguous int32 [batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)].
+ * softmax_lse is contiguous fp32 [batch, num_heads, seqlen_q], natural log. */
+typedef struct {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* softmax_lse;
+  const int32_t* startend_row_indices;
+  const int32_t* block_mask;
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim;
+  int mask_heads, mask_cols;
+  float softmax_scale;
+  int causal;
+  fm3_dtype dtype;
+  void* stream; /* cudaStream_t for GPU kernels; unused on CPU */
+} fm3_fwd_params;
+
+/* Backward: fwd holds q, k, v, out, softmax_lse (inputs here) and the mask;
+ * dout, dq, dk, dv share q's/k's/v's/out's strides respectively. */
+typedef struct {
+  fm3_fwd_params fwd;
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  int deterministic;
+} fm3_bwd_params;
+
+/* Return 0 on success; otherwise non-zero with a message in err. */
+int fm3_cpu_fwd(const fm3_fwd_params* p, char* err, size_t err_len);
+int fm3_cpu_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
+
+/* Block classification of every (query tile, key block) pair: out is int32
+ * [batch, mask_heads, ceil(seqlen_q/block_m), ceil(seqlen_k/block_n)] holding
+ * fm3::TileClass values (0 fully masked, 1 partial, 2 unmasked). */
+int fm3_cpu_classify(const int32_t* startend_row_indices,
+                     const int32_t* block_mask, int batch, int mask_heads,
+                     int seqlen_q, int seqlen_k, int mask_cols, int causal,
+                     int block_m, int block_n, int32_t* out, char* err,
+                     size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FM3_PARAMS_H_ */

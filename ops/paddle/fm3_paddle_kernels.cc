@@ -1,0 +1,147 @@
+// Paddle glue: maps paddle::Tensor onto the framework-free params struct and
+// calls the kernels through the C ABI. The registration of these functions as
+// ops is generated from yaml/ (fm3_ops_generated.cc). Argument checking with
+// user-facing messages lives in paddle_fm3/_validation.py; the PD_CHECKs here
+// guard the ABI against direct misuse.
+#include <string>
+
+#include "fm3/params.h"
+#include "fm3_ops_generated.h"
+
+#ifdef FM3_WITH_CUDA
+extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len);
+extern "C" int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
+#endif
+
+namespace {
+
+fm3_dtype to_fm3_dtype(paddle::DataType t) {
+  switch (t) {
+    case paddle::DataType::FLOAT32: return FM3_FLOAT32;
+    case paddle::DataType::FLOAT16: return FM3_FLOAT16;
+    case paddle::DataType::BFLOAT16: return FM3_BFLOAT16;
+    default: PD_THROW("paddle_fm3: q/k/v must be float32, float16 or bfloat16");
+  }
+}
+
+// Contiguous [batch, seqlen, heads, head_dim] strides, in elements.
+void strides_of(const paddle::Tensor& t, int64_t* batch, int64_t* row, int64_t* head) {
+  const auto& s = t.shape();
+  *head = s[3];
+  *row = s[2] * s[3];
+  *batch = s[1] * s[2] * s[3];
+}
+
+fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
+                           const paddle::Tensor& sri, const paddle::optional<paddle::Tensor>& block_mask,
+                           const paddle::Tensor& out, paddle::Tensor* lse, float softmax_scale, bool causal) {
+  PD_CHECK(q.shape().size() == 4 && k.shape().size() == 4 && v.shape().size() == 4, "q, k, v must be 4-D");
+  PD_CHECK(sri.dtype() == paddle::DataType::INT32 && sri.shape().size() == 4,
+           "startend_row_indices must be int32 [B, H_mask, S_k, C]");
+  fm3_fwd_params p{};
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.out = const_cast<void*>(out.data());
+  p.softmax_lse = lse->data<float>();
+  p.startend_row_indices = sri.data<int32_t>();
+  p.block_mask = block_mask ? block_mask->data<int32_t>() : nullptr;
+  strides_of(q, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
+  strides_of(k, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
+  strides_of(v, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
+  strides_of(q, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  p.batch = static_cast<int>(q.shape()[0]);
+  p.seqlen_q = static_cast<int>(q.shape()[1]);
+  p.num_heads = static_cast<int>(q.shape()[2]);
+  p.head_dim = static_cast<int>(q.shape()[3]);
+  p.seqlen_k = static_cast<int>(k.shape()[1]);
+  p.num_heads_k = static_cast<int>(k.shape()[2]);
+  p.mask_heads = static_cast<int>(sri.shape()[1]);
+  p.mask_cols = static_cast<int>(sri.shape()[3]);
+  p.softmax_scale = softmax_scale;
+  p.causal = causal ? 1 : 0;
+  p.dtype = to_fm3_dtype(q.dtype());
+  return p;
+}
+
+void raise_on_error(int status, const char* err) {
+  if (status != 0) PD_THROW("paddle_fm3 kernel failed: ", err);
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> FlashmaskAttentionForward(const paddle::Tensor& q, const paddle::Tensor& k,
+                                                      const paddle::Tensor& v,
+                                                      const paddle::Tensor& startend_row_indices,
+                                                      const paddle::optional<paddle::Tensor>& block_mask,
+                                                      float softmax_scale, bool causal) {
+  auto out = paddle::empty(q.shape(), q.dtype(), q.place());
+  auto lse = paddle::empty({q.shape()[0], q.shape()[2], q.shape()[1]}, paddle::DataType::FLOAT32, q.place());
+  if (q.numel() == 0) return {out, lse};
+  fm3_fwd_params p = make_params(q, k, v, startend_row_indices, block_mask, out, &lse, softmax_scale, causal);
+  char err[512] = {0};
+  if (q.is_cpu()) {
+    raise_on_error(fm3_cpu_fwd(&p, err, sizeof(err)), err);
+  } else {
+#ifdef FM3_WITH_CUDA
+    p.stream = q.stream();
+    raise_on_error(fm3_cuda_fwd(&p, err, sizeof(err)), err);
+#else
+    PD_THROW("paddle_fm3 was built without CUDA kernels; move the tensors to CPU");
+#endif
+  }
+  return {out, lse};
+}
+
+std::vector<paddle::Tensor> FlashmaskAttentionBackward(
+    const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
+    const paddle::Tensor& startend_row_indices, const paddle::optional<paddle::Tensor>& block_mask,
+    const paddle::Tensor& out, const paddle::Tensor& softmax_lse, const paddle::Tensor& out_grad,
+    float softmax_scale, bool causal) {
+  auto dq = paddle::empty(q.shape(), q.dtype(), q.place());
+  auto dk = paddle::empty(k.shape(), k.dtype(), k.place());
+  auto dv = paddle::empty(v.shape(), v.dtype(), v.place());
+  if (q.numel() == 0 || k.numel() == 0) {
+    return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
+            paddle::full(v.shape(), 0, v.dtype(), v.place())};
+  }
+  PD_CHECK(out_grad.dtype() == q.dtype() && out_grad.shape() == q.shape(), "out_grad must match q's shape and dtype");
+  PD_CHECK(softmax_lse.dtype() == paddle::DataType::FLOAT32, "softmax_lse must be float32");
+  paddle::Tensor lse = softmax_lse;
+  fm3_bwd_params bp{};
+  bp.fwd = make_params(q, k, v, startend_row_indices, block_mask, out, &lse, softmax_scale, causal);
+  bp.dout = out_grad.data();
+  bp.dq = dq.data();
+  bp.dk = dk.data();
+  bp.dv = dv.data();
+  char err[512] = {0};
+  if (q.is_cpu()) {
+    raise_on_error(fm3_cpu_bwd(&bp, err, sizeof(err)), err);
+  } else {
+#ifdef FM3_WITH_CUDA
+    bp.fwd.stream = q.stream();
+    raise_on_error(fm3_cuda_bwd(&bp, err, sizeof(err)), err);
+#else
+    PD_THROW("paddle_fm3 was built without CUDA kernels; move the tensors to CPU");
+#endif
+  }
+  return {dq, dk, dv};
+}
+
+std::vector<paddle::Tensor> BlockClassify(const paddle::Tensor& startend_row_indices,
+                                          const paddle::optional<paddle::Tensor>& block_mask, int seqlen_q,
+                                          int block_m, int block_n, bool causal) {
+  PD_CHECK(startend_row_indices.is_cpu(), "fm3_block_classify runs on CPU tensors");
+  PD_CHECK(block_m > 0 && block_n > 0, "block_m and block_n must be positive");
+  const auto& s = startend_row_indices.shape();
+  auto out = paddle::empty({s[0], s[1], (seqlen_q + block_m - 1) / block_m, (s[2] + block_n - 1) / block_n},
+                           paddle::DataType::INT32, paddle::CPUPlace());
+  if (out.numel() == 0) return {out};
+  char err[512] = {0};
+  raise_on_error(fm3_cpu_classify(startend_row_indices.data<int32_t>(),
+                                  block_mask ? block_mask->data<int32_t>() : nullptr, static_cast<int>(s[0]),
+                                  static_cast<int>(s[1]), seqlen_q, static_cast<int>(s[2]), static_cast<int>(s[3]),
+                                  causal ? 1 : 0, block_m, block_n, out.data<int32_t>(), err, sizeof(err)),
+                 err);
+  return {out};
+}

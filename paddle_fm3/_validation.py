@@ -1,0 +1,109 @@
+"""Argument checks for the public API: a clear ValueError/TypeError naming the
+argument and what was expected, raised before any kernel runs."""
+
+from __future__ import annotations
+
+import paddle
+
+from . import _config
+
+FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
+VALID_MASK_COLS = {True: (1, 2), False: (2, 4)}
+
+
+def _known(d) -> bool:
+    return d is not None and d >= 0  # static graphs may carry -1 for unknown dims
+
+
+def check_tensor(name: str, x, ndim: int | None = None, dtypes=None) -> None:
+    if not isinstance(x, (paddle.Tensor, paddle.pir.Value) if hasattr(paddle, "pir") else paddle.Tensor):
+        raise TypeError(f"{name} must be a paddle.Tensor, got {type(x).__name__}")
+    if ndim is not None and len(x.shape) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {list(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        names = ", ".join(str(d).replace("paddle.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {x.dtype}")
+
+
+def check_qkv(q, k, v) -> None:
+    for name, x in (("query", q), ("key", k), ("value", v)):
+        check_tensor(name, x, 4, FLOAT_DTYPES)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"query, key, value must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    (b, sq, h, d), (bk, sk, hk, dk), (bv, sv, hv, dv) = q.shape, k.shape, v.shape
+    if _known(b) and not (b == bk == bv):
+        raise ValueError(f"batch size mismatch: query {b}, key {bk}, value {bv}")
+    if _known(sk) and sk != sv:
+        raise ValueError(f"key and value seqlen differ: {sk} vs {sv}")
+    if hk != hv:
+        raise ValueError(f"key and value num_heads differ: {hk} vs {hv}")
+    if not (d == dk == dv):
+        raise ValueError(f"head_dim mismatch: query {d}, key {dk}, value {dv}")
+    if hk <= 0 or h % hk != 0:
+        raise ValueError(f"query num_heads ({h}) must be a positive multiple of key/value num_heads ({hk})")
+    if not 1 <= d <= _config.CPU_MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be in [1, {_config.CPU_MAX_HEAD_DIM}], got {d}")
+    if not q.place.is_cpu_place() and d not in _config.SM90_HEAD_DIMS:
+        raise ValueError(f"head_dim {d} has no GPU kernel; supported: {_config.SM90_HEAD_DIMS}")
+
+
+def check_startend_row_indices(sri, q, k, causal: bool) -> None:
+    check_tensor("startend_row_indices", sri, 4)
+    if sri.dtype != paddle.int32:
+        raise TypeError(f"startend_row_indices must be int32, got {sri.dtype}")
+    b, sq, h = q.shape[0], q.shape[1], q.shape[2]
+    sk, hk = k.shape[1], k.shape[2]
+    bm, hm, skm, c = sri.shape
+    if _known(b) and _known(bm) and bm != b:
+        raise ValueError(f"startend_row_indices.shape[0] must equal batch size {b}, got {bm}")
+    if hm not in (1, hk, h):
+        raise ValueError(f"startend_row_indices.shape[1] (mask heads) must be 1, {hk} or {h}, got {hm}")
+    if _known(sk) and _known(skm) and skm != sk:
+        raise ValueError(f"startend_row_indices.shape[2] must equal key seqlen {sk}, got {skm}")
+    if c not in VALID_MASK_COLS[causal]:
+        raise ValueError(f"startend_row_indices.shape[3] must be one of {VALID_MASK_COLS[causal]} "
+                         f"when causal={causal}, got {c}")
+    if not paddle.in_dynamic_mode() or sri.size == 0:
+        return
+    lo, hi = int(sri.min()), int(sri.max())
+    if lo < 0 or hi > sq:
+        raise ValueError(f"startend_row_indices values must lie in [0, seqlen_q={sq}], got range [{lo}, {hi}]")
+    if (causal and c == 2) or c == 4:
+        if bool(paddle.any(sri[..., 0] > sri[..., 1])):
+            raise ValueError("startend_row_indices: LTS must be <= LTE (column 0 <= column 1) for every key")
+    if c == 4 and bool(paddle.any(sri[..., 2] > sri[..., 3])):
+        raise ValueError("startend_row_indices: UTS must be <= UTE (column 2 <= column 3) for every key")
+
+
+def check_block_mask(block_mask, sri, q, k) -> None:
+    check_tensor("block_mask", block_mask, 4)
+    if block_mask.dtype != paddle.int32:
+        raise TypeError(f"block_mask must be int32, got {block_mask.dtype}")
+    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    want = [b, sri.shape[1], (sq + 127) // 128, (sk + 127) // 128]
+    got = list(block_mask.shape)
+    if any(_known(w) and _known(g) and w != g for w, g in zip(want, got)):
+        raise ValueError(f"block_mask must have shape [batch, mask_heads, ceil(seqlen_q/128), "
+                         f"ceil(seqlen_k/128)] = {want}, got {got}")
+    if paddle.in_dynamic_mode() and block_mask.size and bool(
+            paddle.any((block_mask != 0) & (block_mask != 1))):
+        raise ValueError("block_mask values must be 0 (masked) or 1 (kept)")
+
+
+def normalize_window_size(window_size) -> tuple[int, int]:
+    if isinstance(window_size, bool) or not isinstance(window_size, (int, tuple, list)):
+        raise TypeError(f"window_size must be an int or a (left, right) tuple, got {window_size!r}")
+    w = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
+    if len(w) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in w):
+        raise ValueError(f"window_size must be a non-negative int or a pair of them, got {window_size!r}")
+    return w
+
+
+def check_softmax_scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return float(head_dim) ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    if not softmax_scale > 0 or softmax_scale == float("inf"):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    return float(softmax_scale)

@@ -1,0 +1,111 @@
+"""paddle_fm3.flashmask_attention: a drop-in for paddle.nn.functional.flashmask_attention."""
+
+from __future__ import annotations
+
+import paddle
+
+from . import _validation as V
+from . import masks
+from ._ops import ops
+
+
+def _unmasked(seqlen_q, seqlen_k, batch, causal, place):
+    """startend_row_indices that masks nothing: causal C=1 LTS=S_q; else C=2 (S_q, 0)."""
+    row = [seqlen_q] if causal else [seqlen_q, 0]
+    return paddle.to_tensor(row, dtype="int32", place=place).reshape([1, 1, 1, len(row)]).expand(
+        [batch, 1, seqlen_k, len(row)]).contiguous()
+
+
+def flashmask_attention(
+    query,
+    key,
+    value,
+    startend_row_indices=None,
+    *,
+    dropout: float = 0.0,
+    causal: bool = False,
+    window_size=None,
+    return_softmax_lse: bool = False,
+    return_seed_offset: bool = False,
+    fixed_seed_offset=None,
+    rng_name: str = "",
+    training: bool = True,
+    name: str | None = None,
+    softmax_scale: float | None = None,
+    block_mask=None,
+):
+    """FlashMask attention with O(N) column-boundary masks, forward and backward.
+
+    Same signature and meaning as ``paddle.nn.functional.flashmask_attention``
+    (Paddle 3.3), but it also runs on CPU tensors (Paddle's own does not), with
+    tiled kernels that skip fully masked (query tile, key block) pairs and do no
+    mask work on unmasked ones. Algorithm: FlashMask (Wang et al., 2024,
+    arXiv:2410.01359, §4) over FlashAttention-2's online softmax (Dao, 2023).
+
+    Args:
+        query: ``[batch, seqlen_q, num_heads, head_dim]``, float32/float16/bfloat16.
+        key, value: ``[batch, seqlen_k, num_heads_k, head_dim]``, same dtype;
+            ``num_heads % num_heads_k == 0`` (GQA/MQA).
+        startend_row_indices: int32 ``[batch, H_mask, seqlen_k, C]``, ``H_mask`` in
+            ``{1, num_heads_k, num_heads}``; per key column the query-row bounds of
+            the masked rows (see ``paddle_fm3.masks``): causal ``C`` in {1 (LTS),
+            2 (LTS, LTE)}; non-causal ``C`` in {2 (LTS, UTE), 4 (LTS, LTE, UTS, UTE)}.
+            Values in ``[0, seqlen_q]``. ``None``: plain (causal) attention.
+        dropout: must be 0.0; dropout is not implemented (``NotImplementedError``).
+        causal: add the causal mask, bottom-right aligned when seqlen_q != seqlen_k.
+        window_size: int or ``(left, right)``: sliding-window attention, converted
+            to ``startend_row_indices`` exactly as Paddle does; excludes
+            ``startend_row_indices``.
+        return_softmax_lse: also return the float32 ``[batch, num_heads, seqlen_q]``
+            natural-log softmax normalizer (``-inf`` on fully masked rows).
+        return_seed_offset, fixed_seed_offset, rng_name: dropout RNG controls;
+            only their defaults are accepted (no dropout, no seed).
+        training: accepted for compatibility (no dropout, so no effect).
+        name: unused, for compatibility.
+        softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5``.
+        block_mask: optional int32 ``[batch, H_mask, ceil(seqlen_q/128),
+            ceil(seqlen_k/128)]``, 1 = keep the 128x128 block, 0 = mask it; AND-ed
+            with ``startend_row_indices`` (which it requires).
+
+    Returns:
+        ``out`` (shape and dtype of ``query``), or ``[out, softmax_lse]`` when
+        ``return_softmax_lse``. Fully masked query rows give 0 and zero gradients.
+
+    Raises:
+        TypeError / ValueError: bad tensors, dtypes, shapes, mask values or
+            arguments (the message names the argument), before any kernel runs.
+        NotImplementedError: ``dropout > 0`` or dropout seed options.
+    """
+    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool):
+        raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
+    if dropout != 0.0:
+        raise NotImplementedError("paddle_fm3.flashmask_attention does not implement dropout; pass dropout=0.0")
+    if return_seed_offset or fixed_seed_offset is not None or rng_name:
+        raise NotImplementedError("return_seed_offset / fixed_seed_offset / rng_name configure dropout, "
+                                  "which paddle_fm3 does not implement; leave them at their defaults")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    V.check_qkv(query, key, value)
+    batch, seqlen_q, _, head_dim = query.shape
+    seqlen_k = key.shape[1]
+    scale = V.check_softmax_scale(softmax_scale, head_dim)
+
+    if window_size is not None:
+        if startend_row_indices is not None:
+            raise ValueError("window_size cannot be combined with startend_row_indices; encode the window "
+                             "in startend_row_indices (paddle_fm3.masks.sliding_window) instead")
+        window = V.normalize_window_size(window_size)
+        startend_row_indices = paddle.to_tensor(
+            masks.window_to_startend(window, seqlen_q, seqlen_k, batch, causal), place=query.place)
+    if block_mask is not None and startend_row_indices is None:
+        raise ValueError("block_mask requires startend_row_indices (as in Paddle)")
+    if startend_row_indices is None:  # nothing masked beyond the causal triangle
+        startend_row_indices = _unmasked(seqlen_q, seqlen_k, batch, causal, query.place)
+
+    V.check_startend_row_indices(startend_row_indices, query, key, causal)
+    if block_mask is not None:
+        V.check_block_mask(block_mask, startend_row_indices, query, key)
+
+    out, softmax_lse = ops.fm3_flashmask_attention(
+        query, key, value, startend_row_indices, block_mask, scale, causal)
+    return [out, softmax_lse] if return_softmax_lse else out
