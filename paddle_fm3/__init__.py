@@ -4,12 +4,29 @@
   (CPU kernels; Hopper kernels where built).
 - ``masks``: builders of ``startend_row_indices`` for the standard mask families.
 - ``reference``: float64 dense forward/backward, the test oracle.
+- ``block_classify``: the (query tile, key block) classification.
+- ``kernels``: framework-neutral DLPack binding of the Hopper kernels.
 - ``distributed``: context parallelism over ``paddle.distributed``.
+
+``masks``, ``reference`` and ``kernels`` need only numpy, so that machines
+without Paddle (the GPU test machines) can import them; the Paddle-facing names
+load on first use.
 """
 
 from . import masks, reference
-from .api import flashmask_attention
-from .blocks import block_classify
 
 __all__ = ["flashmask_attention", "block_classify", "masks", "reference"]
 __version__ = "0.1.0"
+
+_LAZY = {"flashmask_attention": ("api", "flashmask_attention"), "block_classify": ("blocks", "block_classify")}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
