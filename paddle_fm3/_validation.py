@@ -43,7 +43,8 @@ def check_qkv(q, k, v) -> None:
         raise ValueError(f"query num_heads ({h}) must be a positive multiple of key/value num_heads ({hk})")
     if not 1 <= d <= _config.CPU_MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be in [1, {_config.CPU_MAX_HEAD_DIM}], got {d}")
-    if not q.place.is_cpu_place() and d not in _config.SM90_HEAD_DIMS:
+    place = getattr(q, "place", None)  # None for static-graph values
+    if place is not None and not place.is_cpu_place() and d not in _config.SM90_HEAD_DIMS:
         raise ValueError(f"head_dim {d} has no GPU kernel; supported: {_config.SM90_HEAD_DIMS}")
 
 

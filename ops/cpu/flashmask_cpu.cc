@@ -72,7 +72,7 @@ struct MaskView {
   bool causal;
 
   ColumnBounds column(int j) const {
-    return load_column(sri + static_cast<int64_t>(j) * mask_cols, mask_cols, causal, seqlen_q);
+    return load_column(sri + static_cast<int64_t>(j) * mask_cols, j, mask_cols, causal, seqlen_q, causal_offset);
   }
   TileClass classify(int m0, int m1, int nb) const {
     const int n0 = nb * block_n, n1 = std::min(n0 + block_n, seqlen_k);

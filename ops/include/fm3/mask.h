@@ -38,14 +38,19 @@ struct ColumnBounds {
   int32_t lts, lte, uts, ute;
 };
 
-FM3_HD ColumnBounds load_column(const int32_t* col, int mask_cols, bool causal,
-                                int seqlen_q) {
+// Bounds of key column j read from col = &startend_row_indices[b, hm, j, 0].
+// With causal, the causal triangle of the column -- rows [0, j - (S_k - S_q))
+// -- becomes the upper interval, so the block summary and the classification
+// see the whole mask (e.g. a causal document tile is exactly fully masked).
+FM3_HD ColumnBounds load_column(const int32_t* col, int j, int mask_cols, bool causal,
+                                int seqlen_q, int causal_offset) {
   ColumnBounds c;
   c.lts = col[0];
   if (causal) {
+    const int first_row = j - causal_offset;  // first row that may see key j
     c.lte = mask_cols == 2 ? col[1] : seqlen_q;
     c.uts = 0;
-    c.ute = 0;
+    c.ute = first_row < 0 ? 0 : (first_row > seqlen_q ? seqlen_q : first_row);
   } else if (mask_cols == 2) {
     c.lte = seqlen_q;
     c.uts = 0;
@@ -86,13 +91,17 @@ FM3_HD void summary_add(BlockSummary& s, const ColumnBounds& c) {
 
 // Classify query rows [m0, m1) against key columns [n0, n1) (both non-empty,
 // already clipped to the sequence) from the block summary of those columns.
-// causal_offset = S_k - S_q. Conservative: kPartial is always a correct answer;
-// kFullyMasked and kUnmasked are exact claims.
+// Conservative: kPartial is always a correct answer; kFullyMasked and
+// kUnmasked are exact claims. The causal triangle is already part of the
+// summary (load_column); causal/causal_offset only sharpen the answer.
 FM3_HD TileClass classify_tile(const BlockSummary& s, int m0, int m1, int n0,
                                int n1, bool causal, int causal_offset) {
   if (causal && n0 > m1 - 1 + causal_offset) return kFullyMasked;
+  // Covered by one interval, or by the two when they overlap in every column.
   if ((m0 >= s.lts_max && m1 <= s.lte_min) ||
-      (m0 >= s.uts_max && m1 <= s.ute_min))
+      (m0 >= s.uts_max && m1 <= s.ute_min) ||
+      (m0 >= s.uts_max && s.lts_max <= s.ute_min && m1 <= s.lte_min) ||
+      (m0 >= s.lts_max && s.uts_max <= s.lte_min && m1 <= s.ute_min))
     return kFullyMasked;
   bool partial = (m0 < s.lte_max && m1 > s.lts_min) ||
                  (m0 < s.ute_max && m1 > s.uts_min);

@@ -1,0 +1,77 @@
+"""Bad input gets a clear ValueError/TypeError naming the argument, before any kernel runs."""
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_fm3 as fm
+
+
+def qkv(b=1, s=16, h=2, hk=2, d=8, sk=None, dtype="float32"):
+    sk = s if sk is None else sk
+    return (paddle.randn([b, s, h, d]).astype(dtype), paddle.randn([b, sk, hk, d]).astype(dtype),
+            paddle.randn([b, sk, hk, d]).astype(dtype))
+
+
+def sri(b=1, hm=1, sk=16, c=1, value=16, dtype="int32"):
+    return paddle.full([b, hm, sk, c], value, dtype=dtype)
+
+
+CASES = [
+    # (description, kwargs builder, exception, message fragment)
+    ("dtype mismatch", lambda: dict(args=(qkv()[0], *qkv(dtype="float16")[1:])), TypeError, "share one dtype"),
+    ("integer q", lambda: dict(args=(paddle.ones([1, 16, 2, 8], "int32"), *qkv()[1:])), TypeError, "query"),
+    ("numpy q", lambda: dict(args=(np.zeros((1, 16, 2, 8), np.float32), *qkv()[1:])), TypeError, "query"),
+    ("indices not int32", lambda: dict(args=(*qkv(), sri(dtype="int64")), causal=True), TypeError,
+     "startend_row_indices must be int32"),
+    ("rank of q", lambda: dict(args=(paddle.randn([16, 2, 8]), *qkv()[1:])), ValueError, "query must be 4-D"),
+    ("rank of indices", lambda: dict(args=(*qkv(), paddle.full([1, 16, 1], 3, "int32")), causal=True),
+     ValueError, "startend_row_indices must be 4-D"),
+    ("batch mismatch", lambda: dict(args=(qkv(b=2)[0], *qkv(b=1)[1:])), ValueError, "batch size"),
+    ("indices batch", lambda: dict(args=(*qkv(b=2), sri(b=3)), causal=True), ValueError, "shape[0]"),
+    ("indices seqlen", lambda: dict(args=(*qkv(), sri(sk=15)), causal=True), ValueError, "shape[2]"),
+    ("k/v seqlen", lambda: dict(args=(qkv()[0], qkv()[1], qkv(sk=12)[2])), ValueError, "seqlen"),
+    ("head_dim mismatch", lambda: dict(args=(qkv(d=8)[0], *qkv(d=16)[1:])), ValueError, "head_dim"),
+    ("H_q % H_k", lambda: dict(args=(qkv(h=3)[0], *qkv(hk=2)[1:])), ValueError, "multiple"),
+    ("H_mask", lambda: dict(args=(*qkv(h=4, hk=2), sri(hm=3)), causal=True), ValueError, "mask heads"),
+    ("C for causal", lambda: dict(args=(*qkv(), sri(c=4)), causal=True), ValueError, "shape[3]"),
+    ("C for non-causal", lambda: dict(args=(*qkv(), sri(c=1)), causal=False), ValueError, "shape[3]"),
+    ("value above S_q", lambda: dict(args=(*qkv(), sri(value=17)), causal=True), ValueError, "[0, seqlen_q=16]"),
+    ("negative value", lambda: dict(args=(*qkv(), sri(value=-1)), causal=True), ValueError, "[0, seqlen_q=16]"),
+    ("LTS > LTE", lambda: dict(args=(*qkv(), paddle.concat([sri(value=9), sri(value=3)], -1)), causal=True),
+     ValueError, "LTS must be <= LTE"),
+    ("UTS > UTE", lambda: dict(args=(*qkv(), paddle.concat([sri(value=16), sri(value=16), sri(value=5),
+                                                           sri(value=2)], -1)), causal=False),
+     ValueError, "UTS must be <= UTE"),
+    ("head dim too large", lambda: dict(args=qkv(d=264)), ValueError, "head_dim"),
+    ("block_mask shape", lambda: dict(args=(*qkv(), sri()), causal=True,
+                                      block_mask=paddle.ones([1, 1, 2, 1], "int32")), ValueError, "block_mask"),
+    ("block_mask dtype", lambda: dict(args=(*qkv(), sri()), causal=True,
+                                      block_mask=paddle.ones([1, 1, 1, 1], "float32")), TypeError, "block_mask"),
+    ("block_mask values", lambda: dict(args=(*qkv(), sri()), causal=True,
+                                       block_mask=paddle.full([1, 1, 1, 1], 2, "int32")), ValueError, "0 (masked)"),
+    ("block_mask without indices", lambda: dict(args=qkv(), block_mask=paddle.ones([1, 1, 1, 1], "int32")),
+     ValueError, "requires startend_row_indices"),
+    ("window with indices", lambda: dict(args=(*qkv(), sri()), causal=True, window_size=4), ValueError,
+     "window_size cannot be combined"),
+    ("negative window", lambda: dict(args=qkv(), window_size=-2), ValueError, "window_size"),
+    ("window type", lambda: dict(args=qkv(), window_size="4"), TypeError, "window_size"),
+    ("softmax_scale", lambda: dict(args=qkv(), softmax_scale=-1.0), ValueError, "softmax_scale"),
+    ("causal type", lambda: dict(args=qkv(), causal=1), TypeError, "causal"),
+    ("dropout", lambda: dict(args=qkv(), dropout=0.1), NotImplementedError, "dropout"),
+    ("seed offset", lambda: dict(args=qkv(), return_seed_offset=True), NotImplementedError, "seed"),
+]
+
+
+@pytest.mark.parametrize("desc,build,exc,fragment", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(desc, build, exc, fragment):
+    kw = build()
+    args = kw.pop("args")
+    with pytest.raises(exc) as info:
+        fm.flashmask_attention(*args, **kw)
+    assert fragment in str(info.value), str(info.value)
+
+
+def test_block_classify_bad_sizes():
+    with pytest.raises(ValueError, match="block_m"):
+        fm.block_classify(np.zeros((1, 1, 4, 1), np.int32), causal=True, seqlen_q=4, block_m=0, block_n=2)

@@ -1,0 +1,58 @@
+"""The registered custom ops match their YAML declarations (yaml/ops.yaml, yaml/backward.yaml)."""
+
+import pathlib
+import sys
+
+import pytest
+from paddle.base import core
+from paddle.base.framework import OpProtoHolder
+
+import paddle_fm3.api  # noqa: F401  (loads and registers the ops)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import gen_ops  # noqa: E402
+
+FWD, BWD = gen_ops.load_decls(ROOT / "yaml")
+
+
+ATTR_TYPES = {"int": 0, "float": 1, "bool": 6}  # paddle framework.proto AttrType
+
+
+def expected(decl):
+    ins = [a.name + "@OPTIONAL" if a.name in decl.optional else a.name for a in decl.tensors]
+    attrs = [(a.name, ATTR_TYPES[a.type]) for a in decl.attrs]
+    return ins, attrs, list(decl.outputs)
+
+
+@pytest.mark.parametrize("name", sorted(FWD))
+def test_registered_op_matches_yaml(name):
+    proto = OpProtoHolder.instance().get_op_proto(name)
+    ins, attrs, outs = expected(FWD[name])
+    assert [i.name for i in proto.inputs] == ins
+    assert [i.dispensable for i in proto.inputs] == [n.endswith("@OPTIONAL") for n in ins]
+    assert [(a.name, a.type) for a in proto.attrs if a.name in dict(attrs)] == attrs
+    assert [o.name for o in proto.outputs] == outs
+
+
+@pytest.mark.parametrize("name", sorted(FWD))
+def test_grad_op_registered_exactly_where_declared(name):
+    assert core.has_grad_op_maker(name) == (FWD[name].backward is not None)
+
+
+def test_backward_declaration_mirrors_forward():
+    for decl in BWD.values():
+        fwd = FWD[decl.forward]
+        tensors = [a.name for a in decl.tensors]
+        # The grad op sees the forward inputs, the forward outputs and their grads.
+        assert tensors == [a.name for a in fwd.tensors] + fwd.outputs + ["out_grad"]
+        assert [a.name for a in decl.attrs] == [a.name for a in fwd.attrs]
+        assert decl.outputs == [a.name + "_grad" for a in fwd.tensors if a.name in ("q", "k", "v")]
+
+
+def test_generated_sources_are_current(tmp_path):
+    """The generator is deterministic and the build used today's YAML."""
+    gen_ops.main(["--out-dir", str(tmp_path)])
+    built = ROOT / "build" / "generated" / "fm3_ops_generated.cc"
+    if built.exists():
+        assert built.read_text() == (tmp_path / "fm3_ops_generated.cc").read_text()
