@@ -1,0 +1,254 @@
+// pybind11 binding of the Hopper kernels' C ABI (ops/hopper/fm3_cuda.h) for
+// any tensor that implements __dlpack__ (torch, paddle, cupy, jax; numpy for
+// host-resident masks). Knows no framework: it reads DLPack capsules, checks
+// shapes/dtypes/devices/strides (TypeError / ValueError naming the argument),
+// fills fm3_fwd_params and calls fm3_cuda_fwd.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fm3_cuda.h"
+
+namespace py = pybind11;
+
+// DLPack (v0.8 ABI, unversioned capsule "dltensor"); only what is read here.
+extern "C" {
+typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+typedef struct {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensor* self);
+} DLManagedTensor;
+}
+
+namespace {
+
+enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13 };
+enum { kDLInt = 0, kDLFloat = 2, kDLBfloat = 4 };
+
+// A borrowed view of one argument; the capsule (and so the tensor) stays alive with it.
+struct View {
+  std::string name;
+  py::object capsule;
+  const DLTensor* t = nullptr;
+  std::vector<int64_t> shape, strides;
+
+  void* data() const { return static_cast<char*>(t->data) + t->byte_offset; }
+  bool on_gpu() const { return t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged; }
+  bool on_host() const { return t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost; }
+  std::string shape_str() const {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  }
+  bool contiguous() const {
+    int64_t expect = 1;
+    for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+      if (shape[i] != 1 && strides[i] != expect) return false;
+      expect *= shape[i];
+    }
+    return true;
+  }
+};
+
+View view(const std::string& name, const py::object& obj) {
+  if (!py::hasattr(obj, "__dlpack__"))
+    throw py::type_error(name + " must implement __dlpack__ (a torch/paddle/cupy/numpy tensor), got " +
+                         std::string(py::str(py::type::of(obj).attr("__name__"))));
+  View v;
+  v.name = name;
+  v.capsule = obj.attr("__dlpack__")();
+  PyObject* cap = v.capsule.ptr();
+  if (!PyCapsule_IsValid(cap, "dltensor"))
+    throw py::type_error(name + ".__dlpack__() did not return an unconsumed 'dltensor' capsule");
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+  v.t = &m->dl_tensor;
+  v.shape.assign(v.t->shape, v.t->shape + v.t->ndim);
+  v.strides.resize(v.t->ndim);
+  int64_t s = 1;
+  for (int i = v.t->ndim - 1; i >= 0; --i) {
+    v.strides[i] = v.t->strides ? v.t->strides[i] : s;
+    s *= v.shape[i];
+  }
+  return v;
+}
+
+fm3_dtype float_dtype(const View& v) {
+  const DLDataType d = v.t->dtype;
+  if (d.lanes == 1 && d.bits == 16 && d.code == kDLFloat) return FM3_FLOAT16;
+  if (d.lanes == 1 && d.bits == 16 && d.code == kDLBfloat) return FM3_BFLOAT16;
+  throw py::type_error(v.name + " must be float16 or bfloat16");
+}
+
+void expect_ndim(const View& v, int ndim, const char* layout) {
+  if (v.t->ndim != ndim)
+    throw py::value_error(v.name + " must be " + std::to_string(ndim) + "-D " + layout + ", got shape " + v.shape_str());
+}
+
+void expect_shape(const View& v, const std::vector<int64_t>& want, const char* layout) {
+  if (v.shape != want) {
+    View w;
+    w.shape = want;
+    throw py::value_error(v.name + " must have shape " + w.shape_str() + " " + layout + ", got " + v.shape_str());
+  }
+}
+
+void expect_gpu(const View& v) {
+  if (!v.on_gpu()) throw py::value_error(v.name + " must be a CUDA tensor");
+}
+
+void expect_int32(const View& v) {
+  const DLDataType d = v.t->dtype;
+  if (!(d.code == kDLInt && d.bits == 32 && d.lanes == 1)) throw py::type_error(v.name + " must be int32");
+}
+
+// An int32 mask argument: a device pointer, uploading host-resident ones for the call.
+struct MaskArg {
+  const int32_t* ptr = nullptr;
+  void* owned = nullptr;
+  void* stream = nullptr;
+  ~MaskArg() {
+    if (owned) {
+      char err[256];
+      fm3_cuda_free(owned, stream, err, sizeof err);
+    }
+  }
+};
+
+void stage_mask(const View& v, MaskArg& m, void* stream) {
+  expect_int32(v);
+  if (!v.contiguous()) throw py::value_error(v.name + " must be contiguous");
+  m.stream = stream;
+  if (v.on_gpu()) {
+    m.ptr = static_cast<const int32_t*>(v.data());
+    return;
+  }
+  if (!v.on_host()) throw py::value_error(v.name + " must be a CUDA or host tensor");
+  int64_t n = 1;
+  for (int64_t d : v.shape) n *= d;
+  char err[512] = {0};
+  if (fm3_cuda_upload(v.data(), static_cast<size_t>(n) * 4, stream, &m.owned, err, sizeof err) != 0)
+    throw std::runtime_error(std::string("fm3_cuda_upload: ") + err);
+  m.ptr = static_cast<const int32_t*>(m.owned);
+}
+
+void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::object out_, py::object lse_,
+         py::object block_mask_, bool causal, double softmax_scale, uintptr_t stream_handle) {
+  void* stream = reinterpret_cast<void*>(stream_handle);
+  View q = view("q", q_), k = view("k", k_), v = view("v", v_), out = view("out", out_), lse = view("lse", lse_);
+  const char* qlay = "[batch, seqlen_q, num_heads, head_dim]";
+  const char* klay = "[batch, seqlen_k, num_heads_k, head_dim]";
+  expect_ndim(q, 4, qlay);
+  expect_ndim(k, 4, klay);
+  expect_ndim(v, 4, klay);
+  const int64_t B = q.shape[0], Sq = q.shape[1], H = q.shape[2], D = q.shape[3];
+  const int64_t Sk = k.shape[1], Hk = k.shape[2];
+  expect_shape(k, {B, Sk, Hk, D}, klay);
+  expect_shape(v, {B, Sk, Hk, D}, klay);
+  expect_shape(out, {B, Sq, H, D}, qlay);
+  expect_shape(lse, {B, H, Sq}, "[batch, num_heads, seqlen_q]");
+  const fm3_dtype dt = float_dtype(q);
+  for (const View* t : {&k, &v, &out})
+    if (float_dtype(*t) != dt) throw py::type_error(t->name + " must have q's dtype");
+  if (!(lse.t->dtype.code == kDLFloat && lse.t->dtype.bits == 32 && lse.t->dtype.lanes == 1))
+    throw py::type_error("lse must be float32");
+  for (const View* t : {&q, &k, &v, &out, &lse}) expect_gpu(*t);
+  for (const View* t : {&q, &k, &v, &out})
+    if (t->strides[3] != 1) throw py::value_error(t->name + " must have a unit stride in head_dim");
+  if (!lse.contiguous()) throw py::value_error("lse must be contiguous");
+  if (H % Hk != 0)
+    throw py::value_error("num_heads (" + std::to_string(H) + ") must be a multiple of num_heads_k (" + std::to_string(Hk) + ")");
+  if (fm3_cuda_block_n(static_cast<int>(D)) == 0)
+    throw py::value_error("head_dim " + std::to_string(D) + " has no sm90 kernel (see yaml/kernel_configs.yaml)");
+  if (!(softmax_scale > 0)) throw py::value_error("softmax_scale must be > 0");
+
+  fm3_fwd_params p{};
+  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = out.data();
+  p.softmax_lse = static_cast<float*>(lse.data());
+  p.q_batch_stride = q.strides[0]; p.q_row_stride = q.strides[1]; p.q_head_stride = q.strides[2];
+  p.k_batch_stride = k.strides[0]; p.k_row_stride = k.strides[1]; p.k_head_stride = k.strides[2];
+  p.v_batch_stride = v.strides[0]; p.v_row_stride = v.strides[1]; p.v_head_stride = v.strides[2];
+  p.o_batch_stride = out.strides[0]; p.o_row_stride = out.strides[1]; p.o_head_stride = out.strides[2];
+  p.batch = static_cast<int>(B); p.seqlen_q = static_cast<int>(Sq); p.seqlen_k = static_cast<int>(Sk);
+  p.num_heads = static_cast<int>(H); p.num_heads_k = static_cast<int>(Hk); p.head_dim = static_cast<int>(D);
+  p.softmax_scale = static_cast<float>(softmax_scale);
+  p.causal = causal ? 1 : 0;
+  p.dtype = dt;
+  p.stream = stream;
+  p.mask_heads = 1;
+  p.mask_cols = 0;
+
+  MaskArg sri_arg, bm_arg;
+  int64_t Hm = -1;
+  if (!sri_.is_none()) {
+    View s = view("startend_row_indices", sri_);
+    expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
+    Hm = s.shape[1];
+    const int64_t C = s.shape[3];
+    if (s.shape[0] != B || s.shape[2] != Sk)
+      throw py::value_error("startend_row_indices must have shape [batch=" + std::to_string(B) + ", mask_heads, seqlen_k=" +
+                            std::to_string(Sk) + ", C], got " + s.shape_str());
+    if (Hm != 1 && Hm != Hk && Hm != H)
+      throw py::value_error("startend_row_indices.shape[1] must be 1, num_heads_k or num_heads, got " + std::to_string(Hm));
+    if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
+      throw py::value_error(std::string("startend_row_indices.shape[3] must be ") + (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") +
+                            ", got " + std::to_string(C));
+    stage_mask(s, sri_arg, stream);
+    p.startend_row_indices = sri_arg.ptr;
+    p.mask_heads = static_cast<int>(Hm);
+    p.mask_cols = static_cast<int>(C);
+  }
+  if (!block_mask_.is_none()) {
+    View bmv = view("block_mask", block_mask_);
+    expect_ndim(bmv, 4, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
+    const int64_t want_h = Hm > 0 ? Hm : bmv.shape[1];
+    if (Hm < 0 && want_h != 1 && want_h != Hk && want_h != H)
+      throw py::value_error("block_mask.shape[1] must be 1, num_heads_k or num_heads");
+    expect_shape(bmv, {B, want_h, (Sq + 127) / 128, (Sk + 127) / 128}, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
+    stage_mask(bmv, bm_arg, stream);
+    p.block_mask = bm_arg.ptr;
+    p.mask_heads = static_cast<int>(want_h);
+  }
+  char err[1024] = {0};
+  if (fm3_cuda_fwd(&p, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_fwd: ") + err);
+}
+
+void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, int block_n, uintptr_t stream_handle) {
+  View s = view("startend_row_indices", sri_), o = view("out", out_);
+  expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
+  expect_gpu(s);
+  expect_gpu(o);
+  expect_int32(s);
+  expect_int32(o);
+  if (!s.contiguous() || !o.contiguous()) throw py::value_error("startend_row_indices and out must be contiguous");
+  const int64_t nb = (s.shape[2] + block_n - 1) / block_n;
+  expect_shape(o, {s.shape[0], s.shape[1], nb, 8}, "[batch, mask_heads, ceil(seqlen_k/block_n), 8]");
+  char err[1024] = {0};
+  if (fm3_cuda_block_summary(static_cast<const int32_t*>(s.data()), static_cast<int>(s.shape[0]), static_cast<int>(s.shape[1]),
+                             seqlen_q, static_cast<int>(s.shape[2]), static_cast<int>(s.shape[3]), causal ? 1 : 0, block_n,
+                             static_cast<int32_t*>(o.data()), reinterpret_cast<void*>(stream_handle), err, sizeof err) != 0)
+    throw std::runtime_error(std::string("fm3_cuda_block_summary: ") + err);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_fm3_dlpack, m) {
+  m.doc() = "DLPack binding of the FlashMask Hopper kernels (libfm3_cuda.so)";
+  m.def("fwd", &fwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("startend_row_indices"), py::arg("out"),
+        py::arg("lse"), py::arg("block_mask"), py::arg("causal"), py::arg("softmax_scale"), py::arg("stream"));
+  m.def("block_summary", &block_summary, py::arg("startend_row_indices"), py::arg("out"), py::arg("causal"),
+        py::arg("seqlen_q"), py::arg("block_n"), py::arg("stream"));
+  m.def("block_n", &fm3_cuda_block_n, py::arg("head_dim"));
+}

@@ -1,0 +1,308 @@
+// FlashMask forward, step 1 of the Hopper climb: a mask-aware
+// FlashAttention-2-style kernel (Dao 2023, Alg. 1) on mma.sync tensor cores
+// with a two-stage cp.async K/V pipeline, built for sm_90a.
+//
+// One CTA = one (batch, head, query tile of kBlockM rows); kWarps warps, 16
+// query rows each. The mask scheduler (mask_scheduler.cuh) turns the block
+// summary into a compacted list of surviving key blocks; the main loop walks
+// only that list: fully masked blocks cost nothing, unmasked blocks no mask
+// work, partial blocks a per-element mask (fm3::visible, mask.h) over column
+// bounds staged in shared memory. Online softmax in fp32 with exp2 and the
+// scale folded in (scores in log2 units). A row that sees no key writes out 0
+// and lse -inf.
+//
+// Query tiles are launched heaviest-first for the usual masks (the bottom
+// tiles of causal-like masks see the most keys).
+#pragma once
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "fm3/mask.h"
+#include "mask_scheduler.cuh"
+#include "mma_sm80.cuh"
+
+namespace fm3::hopper {
+
+struct FwdArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;
+  const int32_t* sri;
+  const int32_t* block_mask;
+  const BlockSummary* summary;  // [batch, mask_heads, n_blocks] or nullptr (sri == nullptr)
+  int64_t q_bs, q_rs, q_hs, k_bs, k_rs, k_hs, v_bs, v_rs, v_hs, o_bs, o_rs, o_hs;
+  int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, mask_heads, mask_cols;
+  int bm_rows, bm_cols;
+  float scale_log2;  // softmax_scale * log2(e)
+  bool causal;
+};
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN>
+struct FwdTraits {
+  static constexpr int kWarps = kBlockM / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kChunks = kHeadDim / 8;    // 16-byte chunks per row
+  static constexpr int kSTiles = kBlockN / 8;     // n8 tiles of S per warp
+  static constexpr int kOTiles = kHeadDim / 8;    // n8 tiles of O per warp
+  static constexpr int kQKSteps = kHeadDim / 16;  // k16 steps of Q K^T
+  static constexpr int kPVSteps = kBlockN / 16;   // k16 steps of P V
+  static constexpr bool kQInRegs = kHeadDim <= 128;
+  static constexpr int kMinBlocks = 1;
+  static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "tile shape");
+  static_assert(kChunks >= 8, "the XOR swizzle needs rows of at least 8 chunks");
+  // Shared memory: Q, two stages of K and of V, the block list, warp counts,
+  // column bounds of the current partial block.
+  static constexpr int kQElems = kBlockM * kHeadDim;
+  static constexpr int kKVElems = kBlockN * kHeadDim;
+  static constexpr size_t kSmemTiles = sizeof(T) * (kQElems + 4 * kKVElems);
+  static constexpr size_t kSmemBytes =
+      kSmemTiles + sizeof(int) * (kThreads + 32) + sizeof(ColumnBounds) * kBlockN;
+};
+
+// Element offset of (row, 16-byte chunk) in a [rows][kHeadDim] tile, with the
+// chunk XOR-swizzled by the row so ldmatrix reads of 8 rows hit 8 bank groups.
+template <int kHeadDim>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) * 8);
+}
+
+// cp.async a [kRows][kHeadDim] tile starting at global row row0; rows at or
+// past n_valid are zero-filled.
+template <typename T, int kHeadDim, int kRows, int kThreads>
+__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int row0,
+                                          int n_valid) {
+  constexpr int kChunks = kHeadDim / 8, kTotal = kRows * kChunks;
+  static_assert(kTotal % kThreads == 0, "tile copy must divide evenly among threads");
+#pragma unroll
+  for (int i = 0; i < kTotal / kThreads; ++i) {
+    const int idx = i * kThreads + threadIdx.x, r = idx / kChunks, c = idx % kChunks;
+    const bool ok = r < n_valid;
+    const T* src = g + static_cast<int64_t>(row0 + (ok ? r : 0)) * row_stride + c * 8;
+    cp_async_16(smem_u32(s + swz<kHeadDim>(r, c)), src, ok ? 16 : 0);
+  }
+}
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN>
+__global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads,
+                                  FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kMinBlocks)
+    flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
+  using Tr = FwdTraits<T, kHeadDim, kBlockM, kBlockN>;
+  constexpr int kThreads = Tr::kThreads;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + Tr::kQElems;        // 2 stages
+  T* sV = sK + 2 * Tr::kKVElems;   // 2 stages
+  int* sList = reinterpret_cast<int*>(smem_raw + Tr::kSmemTiles);
+  int* sWarpCounts = sList + kThreads;
+  ColumnBounds* sCol = reinterpret_cast<ColumnBounds*>(sWarpCounts + 32);
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
+  const int mt = n_mtiles - 1 - static_cast<int>(blockIdx.x);  // heavy (bottom) tiles first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int group = a.num_heads / a.num_heads_k, hk = h / group;
+  const int hm = a.mask_heads == 1 ? 0 : (a.mask_heads == a.num_heads ? h : hk);
+  const int m0 = mt * kBlockM, m1 = min(m0 + kBlockM, a.seqlen_q);
+  const int n_blocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
+  const int causal_offset = a.seqlen_k - a.seqlen_q;
+  const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
+
+  const T* qg = static_cast<const T*>(a.q) + b * a.q_bs + h * a.q_hs;
+  const T* kg = static_cast<const T*>(a.k) + b * a.k_bs + hk * a.k_hs;
+  const T* vg = static_cast<const T*>(a.v) + b * a.v_bs + hk * a.v_hs;
+  const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
+  const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+
+  TileMask tm;
+  tm.summary = a.summary ? a.summary + bhm * n_blocks : nullptr;
+  tm.block_mask = bm;
+  tm.bm_cols = a.bm_cols;
+  tm.seqlen_q = a.seqlen_q;
+  tm.seqlen_k = a.seqlen_k;
+  tm.block_n = kBlockN;
+  tm.n_blocks = n_blocks;
+  tm.causal_offset = causal_offset;
+  tm.causal = a.causal;
+  tm.m0 = m0;
+  tm.m1 = m1;
+
+  load_tile<T, kHeadDim, kBlockM, kThreads>(sQ, qg, a.q_rs, m0, m1 - m0);
+  cp_async_commit();
+
+  float o[Tr::kOTiles][4];
+#pragma unroll
+  for (int i = 0; i < Tr::kOTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // log2 units
+  float row_sum[2] = {0.f, 0.f};                      // this thread's columns only
+  uint32_t qf[Tr::kQInRegs ? Tr::kQKSteps : 1][4];
+  bool q_ready = false;
+  const int warp_row = warp * 16;
+
+  auto load_kv = [&](int entry, int stage) {
+    const int n0 = BlockEntry::block(entry) * kBlockN;
+    load_tile<T, kHeadDim, kBlockN, kThreads>(sK + stage * Tr::kKVElems, kg, a.k_rs, n0, a.seqlen_k - n0);
+    load_tile<T, kHeadDim, kBlockN, kThreads>(sV + stage * Tr::kKVElems, vg, a.v_rs, n0, a.seqlen_k - n0);
+    cp_async_commit();
+  };
+  auto q_frag = [&](uint32_t (&r)[4], int ks) {
+    const int row = warp_row + (lane % 8) + ((lane / 8) % 2) * 8;
+    ldmatrix_x4(r, smem_u32(sQ + swz<kHeadDim>(row, ks * 2 + lane / 16)));
+  };
+
+  for (int first = 0; first < n_blocks; first += kThreads) {
+    const int count = schedule_window<kThreads>(tm, first, sList, sWarpCounts);
+    if (count == 0) continue;
+    load_kv(sList[0], 0);
+    for (int i = 0; i < count; ++i) {
+      const int entry = sList[i], stage = i & 1;
+      const int n0 = BlockEntry::block(entry) * kBlockN;
+      const bool partial = BlockEntry::partial(entry);
+      if (i + 1 < count) {
+        load_kv(sList[i + 1], stage ^ 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      if (partial) {  // stage this block's column bounds
+        for (int j = tid; j < kBlockN; j += kThreads) {
+          const int col = n0 + j;
+          ColumnBounds cb;
+          if (col >= a.seqlen_k) cb = ColumnBounds{0, 0x7fffffff, 0, 0};  // past the end: all rows
+          else if (sri == nullptr) cb = ColumnBounds{a.seqlen_q, a.seqlen_q, 0, 0};
+          else cb = load_column(sri + static_cast<int64_t>(col) * a.mask_cols, a.mask_cols, a.causal, a.seqlen_q);
+          sCol[j] = cb;
+        }
+      }
+      __syncthreads();
+      if constexpr (Tr::kQInRegs) {
+        if (!q_ready) {
+#pragma unroll
+          for (int ks = 0; ks < Tr::kQKSteps; ++ks) q_frag(qf[ks], ks);
+          q_ready = true;
+        }
+      }
+      const T* sKs = sK + stage * Tr::kKVElems;
+      const T* sVs = sV + stage * Tr::kKVElems;
+
+      // S = Q K^T
+      float s[Tr::kSTiles][4];
+#pragma unroll
+      for (int j = 0; j < Tr::kSTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < Tr::kQKSteps; ++ks) {
+        uint32_t af[4];
+        if constexpr (Tr::kQInRegs) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) af[r] = qf[ks][r];
+        } else {
+          q_frag(af, ks);
+        }
+#pragma unroll
+        for (int j = 0; j < Tr::kSTiles; j += 2) {
+          uint32_t bf[4];
+          const int row = j * 8 + (lane % 8) + (lane / 16) * 8;
+          ldmatrix_x4(bf, smem_u32(sKs + swz<kHeadDim>(row, ks * 2 + (lane / 8) % 2)));
+          Mma<T>::run(s[j], af, bf[0], bf[1]);
+          Mma<T>::run(s[j + 1], af, bf[2], bf[3]);
+        }
+      }
+
+      // scale into log2 units; per-element mask on partial blocks only
+#pragma unroll
+      for (int j = 0; j < Tr::kSTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= a.scale_log2;
+      if (partial) {
+#pragma unroll
+        for (int j = 0; j < Tr::kSTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int cl = j * 8 + 2 * t + (e & 1), col = n0 + cl;
+            const int row = m0 + warp_row + g + (e >> 1) * 8;
+            if (!visible(sCol[cl], row, col, a.causal, causal_offset, bm, a.bm_cols)) s[j][e] = -CUDART_INF_F;
+          }
+      }
+
+      // online softmax (two rows per thread: g and g + 8)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[r];
+#pragma unroll
+        for (int j = 0; j < Tr::kSTiles; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -CUDART_INF_F ? 0.f : mx;  // nothing visible yet: keep p = 0
+        const float alpha = fast_exp2(row_max[r] - base);
+        row_max[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < Tr::kSTiles; ++j) {
+          s[j][2 * r] = fast_exp2(s[j][2 * r] - base);
+          s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] - base);
+          sum += s[j][2 * r] + s[j][2 * r + 1];
+        }
+        row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+        for (int d = 0; d < Tr::kOTiles; ++d) {
+          o[d][2 * r] *= alpha;
+          o[d][2 * r + 1] *= alpha;
+        }
+      }
+
+      // O += P V (P from the S accumulators, re-packed as A fragments)
+#pragma unroll
+      for (int ps = 0; ps < Tr::kPVSteps; ++ps) {
+        uint32_t pf[4];
+        pf[0] = Mma<T>::pack(s[2 * ps][0], s[2 * ps][1]);
+        pf[1] = Mma<T>::pack(s[2 * ps][2], s[2 * ps][3]);
+        pf[2] = Mma<T>::pack(s[2 * ps + 1][0], s[2 * ps + 1][1]);
+        pf[3] = Mma<T>::pack(s[2 * ps + 1][2], s[2 * ps + 1][3]);
+#pragma unroll
+        for (int d = 0; d < Tr::kOTiles; d += 2) {
+          uint32_t bf[4];
+          const int row = ps * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+          ldmatrix_x4_trans(bf, smem_u32(sVs + swz<kHeadDim>(row, d + lane / 16)));
+          Mma<T>::run(o[d], pf, bf[0], bf[1]);
+          Mma<T>::run(o[d + 1], pf, bf[2], bf[3]);
+        }
+      }
+      __syncthreads();  // this stage may be refilled next iteration
+    }
+  }
+
+  // Epilogue: normalize, stage O through this warp's rows of sQ, 16-byte stores.
+  cp_async_wait<0>();
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+  float* lse = a.lse + (static_cast<int64_t>(b) * a.num_heads + h) * a.seqlen_q;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const bool empty = !(l > 0.f);
+    const float inv = empty ? 0.f : 1.f / l;
+    const int row_local = warp_row + g + r * 8;
+#pragma unroll
+    for (int d = 0; d < Tr::kOTiles; ++d) {
+      T* dst = sQ + swz<kHeadDim>(row_local, d) + 2 * t;
+      *reinterpret_cast<uint32_t*>(dst) = Mma<T>::pack(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
+    }
+    const int row = m0 + row_local;
+    if (t == 0 && row < a.seqlen_q) lse[row] = empty ? -CUDART_INF_F : (row_max[r] + __log2f(l)) * kLn2;
+  }
+  __syncwarp();
+  T* og = static_cast<T*>(a.out) + b * a.o_bs + h * a.o_hs;
+#pragma unroll
+  for (int i = lane; i < 16 * Tr::kChunks; i += 32) {
+    const int row_local = warp_row + i / Tr::kChunks, c = i % Tr::kChunks, row = m0 + row_local;
+    if (row < a.seqlen_q)
+      *reinterpret_cast<uint4*>(og + static_cast<int64_t>(row) * a.o_rs + c * 8) =
+          *reinterpret_cast<const uint4*>(sQ + swz<kHeadDim>(row_local, c));
+  }
+}
+
+}  // namespace fm3::hopper

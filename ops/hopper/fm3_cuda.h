@@ -1,0 +1,42 @@
+/* C ABI of the Hopper (sm90a) kernels in libfm3_cuda.so. Framework-free: the
+ * Paddle GPU glue and the DLPack binding both fill fm3_fwd_params and call
+ * these. Every function returns 0 on success, else non-zero with a message in
+ * err (never throws, never exits). All work is enqueued on p->stream. */
+#ifndef FM3_CUDA_H_
+#define FM3_CUDA_H_
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fm3/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Forward attention. q/k/v/out/softmax_lse/startend_row_indices/block_mask are
+ * device pointers (startend_row_indices may be NULL: no mask beyond causal).
+ * head_dim must be one of the sm90 configs of yaml/kernel_configs.yaml. */
+int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len);
+
+/* Block summary alone (also run inside fm3_cuda_fwd): for every
+ * (batch, mask head, key block of block_n columns), the min/max of the four
+ * normalized boundary vectors, as 8 int32 in fm3::BlockSummary order
+ * (lts_min, lts_max, lte_min, lte_max, uts_min, uts_max, ute_min, ute_max).
+ * out: device int32 [batch, mask_heads, ceil(seqlen_k/block_n), 8]. */
+int fm3_cuda_block_summary(const int32_t* startend_row_indices, int batch, int mask_heads,
+                           int seqlen_q, int seqlen_k, int mask_cols, int causal, int block_n,
+                           int32_t* out, void* stream, char* err, size_t err_len);
+
+/* The key-block width the forward kernel uses for a head dim (0 if none). */
+int fm3_cuda_block_n(int head_dim);
+
+/* Small helpers so bindings without their own CUDA runtime can stage host
+ * masks: stream-ordered device allocation, host->device copy, free. */
+int fm3_cuda_upload(const void* host, size_t bytes, void* stream, void** dev_out, char* err,
+                    size_t err_len);
+int fm3_cuda_free(void* dev, void* stream, char* err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FM3_CUDA_H_ */

@@ -1,0 +1,120 @@
+"""Framework-neutral entry to the Hopper (sm90a) FlashMask kernels, through DLPack.
+
+Every tensor argument is any object implementing ``__dlpack__`` (torch, paddle, cupy, jax);
+``startend_row_indices`` / ``block_mask`` may also be host arrays (numpy), uploaded for the call.
+The compiled pieces are ``libfm3_cuda.so`` (the kernels behind the C ABI of
+``ops/hopper/fm3_cuda.h``) and the pybind11 module ``_fm3_dlpack`` beside this file, built by
+``scripts/gpu_build.sh`` and ``scripts/build_dlpack_ext.sh``. Importing this package needs
+neither Paddle nor the compiled module; calling a kernel needs the module (else ``ImportError``
+saying how to build it).
+
+Algorithm: FlashAttention-2 online softmax (Dao, 2023) with FlashMask block skipping
+(Wang et al., arXiv:2410.01359, section 4).
+"""
+
+from __future__ import annotations
+
+import importlib
+import numbers
+from typing import Optional
+
+__all__ = ["flashmask_fwd", "block_summary", "block_n", "available"]
+
+_EXT = None
+
+
+def _ext():
+    global _EXT
+    if _EXT is None:
+        try:
+            _EXT = importlib.import_module("._fm3_dlpack", __name__)
+        except ImportError as e:  # pragma: no cover - depends on the build
+            raise ImportError(
+                "paddle_fm3.kernels: the compiled module _fm3_dlpack is not built; run "
+                "scripts/gpu_build.sh && scripts/build_dlpack_ext.sh on a machine with nvcc "
+                f"and pybind11 ({e})") from e
+    return _EXT
+
+
+def available() -> bool:
+    """True if the compiled module (and libfm3_cuda.so) can be loaded."""
+    try:
+        _ext()
+        return True
+    except ImportError:
+        return False
+
+
+def block_n(head_dim: int) -> int:
+    """Key-block width (columns) the forward kernel uses for ``head_dim``; 0 if unsupported."""
+    return int(_ext().block_n(int(head_dim)))
+
+
+def _shape(name, x):
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise TypeError(f"{name} must be a tensor with .shape and __dlpack__, got {type(x).__name__}")
+    return tuple(int(s) for s in shape)
+
+
+def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
+                  softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
+                  stream: int = 0) -> None:
+    """FlashMask attention forward on the GPU, written into caller-allocated ``out`` and ``lse``.
+
+    Args:
+        q: ``[B, S_q, H, D]`` float16/bfloat16 CUDA tensor, unit stride in ``D``; other strides
+            multiples of 8 elements. ``D`` in the sm90 configs of ``yaml/kernel_configs.yaml``
+            (64, 128, 256).
+        k, v: ``[B, S_k, H_k, D]``, same dtype, ``H % H_k == 0`` (GQA/MQA).
+        startend_row_indices: int32 ``[B, H_mask, S_k, C]`` (``H_mask in {1, H_k, H}``; C = 1|2
+            if causal, 2|4 otherwise; see :mod:`paddle_fm3.masks`), or None (no mask beyond
+            ``causal``, or the mask of ``window_size``).
+        out: ``[B, S_q, H, D]``, q's dtype, written.
+        lse: float32 contiguous ``[B, H, S_q]``, written: natural-log log-sum-exp; ``-inf`` for a
+            row with no visible key (its ``out`` row is 0).
+        causal: causal flag (bottom-right aligned when ``S_q != S_k``).
+        softmax_scale: default ``D ** -0.5``; must be > 0.
+        window_size: int or (left, right); converted with :func:`paddle_fm3.masks.window_to_startend`
+            (Paddle's rule); only when ``startend_row_indices`` is None.
+        block_mask: optional int32 ``[B, H_mask, ceil(S_q/128), ceil(S_k/128)]``, 1 = keep.
+        stream: raw ``cudaStream_t`` handle (int); 0 = the default stream.
+
+    Raises:
+        TypeError: non-tensor argument, wrong dtype, non-bool ``causal``.
+        ValueError: shapes, strides, devices, head_dim or scale out of contract.
+        RuntimeError: a CUDA error from the kernel launch.
+    """
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or stream < 0:
+        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
+    qs = _shape("q", q)
+    if len(qs) != 4:
+        raise ValueError(f"q must be 4-D [batch, seqlen_q, num_heads, head_dim], got shape {list(qs)}")
+    if softmax_scale is None:
+        softmax_scale = qs[3] ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
+    if window_size is not None:
+        if startend_row_indices is not None:
+            raise ValueError("pass either startend_row_indices or window_size, not both")
+        from .. import masks  # numpy only
+
+        ks = _shape("k", k)
+        if len(ks) != 4:
+            raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
+        startend_row_indices = masks.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
+    _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, causal, float(softmax_scale), int(stream))
+
+
+def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, block_n: int,
+                  stream: int = 0) -> None:
+    """Per-key-block min/max of the four boundary vectors, on the GPU (O(S_k)).
+
+    ``out``: int32 CUDA ``[B, H_mask, ceil(S_k/block_n), 8]`` in the order lts_min, lts_max,
+    lte_min, lte_max, uts_min, uts_max, ute_min, ute_max (``fm3::BlockSummary``, mask.h).
+    """
+    _ext().block_summary(startend_row_indices, out, bool(causal), int(seqlen_q), int(block_n), int(stream))

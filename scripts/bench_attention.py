@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Side-by-side forward benchmark on the GPU machine (no Paddle needed).
+
+For each mask family of paddle_fm3.masks.FAMILIES, sequence length S and head dim D (bf16, 128K
+tokens in total: batch = 128K / S; hidden 4096: heads = 4096 / D), times
+  - this package's Hopper kernel (paddle_fm3.kernels.flashmask_fwd, block summary included),
+  - torch.compile'd FlexAttention with a mask_mod reading the same four column vectors
+    (create_block_mask time reported separately, not in the attention time),
+  - cuDNN SDPA on the full and causal families,
+and the block-summary kernel alone. TFLOP/s count only visible pairs: 4 * B * H * D * pairs / t.
+
+    python3 scripts/bench_attention.py --seqlens 32768 --head-dims 128 --out $OUT/bench.json
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from paddle_fm3 import kernels, masks  # noqa: E402
+
+TOTAL = 128 * 1024
+HIDDEN = 4096
+
+
+def bench(fn, warmup=2, rep=8):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(rep):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return float(np.median(ts)) / 1e3  # seconds
+
+
+def normalized_vectors(sri, causal, sq):
+    """[B, Hm, S, C] -> four [B, S] int32 vectors (LTS, LTE, UTS, UTE), as fm3::load_column."""
+    a = sri[:, 0]
+    c = a.shape[-1]
+    lts = a[..., 0]
+    if causal:
+        lte = a[..., 1] if c == 2 else np.full_like(lts, sq)
+        uts = np.zeros_like(lts)
+        ute = np.zeros_like(lts)
+    elif c == 2:
+        lte, uts, ute = np.full_like(lts, sq), np.zeros_like(lts), a[..., 1]
+    else:
+        lte, uts, ute = a[..., 1], a[..., 2], a[..., 3]
+    return [torch.from_numpy(np.ascontiguousarray(x, dtype=np.int32)).cuda() for x in (lts, lte, uts, ute)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seqlens", default="32768")
+    ap.add_argument("--head-dims", default="128")
+    ap.add_argument("--families", default=",".join(masks.FAMILIES))
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows = []
+    for d in [int(x) for x in args.head_dims.split(",")]:
+        for s in [int(x) for x in args.seqlens.split(",")]:
+            b, h = TOTAL // s, HIDDEN // d
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            out = torch.empty_like(q)
+            lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, S, D] views
+            vec_bufs = [torch.zeros(b, s, dtype=torch.int32, device="cuda") for _ in range(4)]
+            causal_flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+            lts, lte, uts, ute = vec_bufs
+
+            def mask_mod(bi, hi, qi, kj):
+                hidden = ((qi >= lts[bi, kj]) & (qi < lte[bi, kj])) | ((qi >= uts[bi, kj]) & (qi < ute[bi, kj]))
+                return ~hidden & ((kj <= qi) | (causal_flag[0] == 0))
+            for fam in args.families.split(","):
+                fm = masks.FAMILIES[fam](s, np.random.default_rng(0), batch=b)
+                sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
+                causal = fm.causal
+                pairs = masks.density(sri_np, causal) * b * s * s
+                flops = 4.0 * h * d * pairs
+                sri = torch.from_numpy(sri_np).cuda()
+                row = {"family": fam, "S": s, "D": d, "B": b, "H": h, "density": pairs / (b * s * s)}
+                t = bench(lambda: kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal))
+                row["fm3_ms"] = t * 1e3
+                row["fm3_tflops"] = flops / t / 1e12
+                bn = kernels.block_n(d)
+                summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
+                ts = bench(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn))
+                row["summary_us"] = ts * 1e6
+                row["summary_pct"] = 100.0 * ts / t
+                if not args.no_flex:
+                    try:
+                        # one mask_mod (and so one compiled kernel) per shape: the vectors and
+                        # the causal flag live in buffers that each family overwrites
+                        for buf, val in zip(vec_bufs, normalized_vectors(sri_np, causal, s)):
+                            buf.copy_(val)
+                        causal_flag.fill_(1 if causal else 0)
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        bmask = create_block_mask(mask_mod, b, None, s, s, device="cuda")
+                        torch.cuda.synchronize()
+                        row["flex_block_mask_ms"] = (time.perf_counter() - t0) * 1e3
+                        tf = bench(lambda: flex(qt, kt, vt, block_mask=bmask))
+                        row["flex_tflops"] = flops / tf / 1e12
+                        row["vs_flex"] = row["fm3_tflops"] / row["flex_tflops"]
+                    except Exception as e:  # noqa: BLE001
+                        row["flex_error"] = repr(e)[:200]
+                if fam in ("full", "causal"):
+                    try:
+                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                            tc = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                                qt, kt, vt, is_causal=causal))
+                        row["cudnn_tflops"] = flops / tc / 1e12
+                        row["vs_cudnn"] = row["fm3_tflops"] / row["cudnn_tflops"]
+                    except Exception as e:  # noqa: BLE001
+                        row["cudnn_error"] = repr(e)[:200]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with open(args.out, "w") as f:
+                        json.dump(rows, f, indent=1)
+            del q, k, v, out, qt, kt, vt
+            torch.cuda.empty_cache()
+    print("\n| D | S | family | density | fm3 TFLOP/s | Flex TFLOP/s | fm3/Flex | cuDNN TFLOP/s | fm3/cuDNN | summary % |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        f = lambda key, fmt="{:.0f}": fmt.format(r[key]) if key in r else "-"  # noqa: E731
+        print(f"| {r['D']} | {r['S']} | {r['family']} | {r['density']:.3f} | {f('fm3_tflops')} | {f('flex_tflops')} | "
+              f"{f('vs_flex', '{:.2f}')} | {f('cudnn_tflops')} | {f('vs_cudnn', '{:.2f}')} | {f('summary_pct', '{:.2f}')} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Hopper forward kernel vs the dense references, every mask family and form (device machine)."""
+import zlib
+
+import numpy as np
+import pytest
+
+from paddle_fm3 import masks
+
+torch = pytest.importorskip("torch")
+from fm3_gpu_util import DTYPES, check, make_qkv  # noqa: E402
+
+FAMILIES = sorted(masks.FAMILIES)
+HEAD_DIMS = (64, 128, 256)
+
+
+def family_mask(name, s, seed, batch=1, num_heads=1):
+    fm = masks.FAMILIES[name](s, np.random.default_rng(seed), batch=batch, num_heads=num_heads)
+    return np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32), fm.causal
+
+
+# All 12 families x head dims x dtypes, odd length 129, GQA (4 query heads on 2 kv heads), batch 2.
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_families(family, d, dtype):
+    seed = zlib.crc32(repr((family, d, dtype)).encode())
+    sri, causal = family_mask(family, 129, seed, batch=2)
+    q, k, v = make_qkv(2, 129, 129, 4, 2, d, DTYPES[dtype], seed)
+    check(q, k, v, sri, causal, dtype)
+
+
+# All odd lengths on a few families (one head dim per dtype to keep device time small).
+@pytest.mark.parametrize("s", [1, 127, 129, 1000, 8191])
+@pytest.mark.parametrize("family", ["causal", "document", "global_sliding_window", "random_eviction",
+                                    "share_question", "qk_sparse"])
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
+def test_lengths(family, s, d, dtype):
+    seed = zlib.crc32(repr((family, s, d)).encode())
+    sri, causal = family_mask(family, s, seed)
+    h, hk = (2, 1) if s > 4000 else (4, 2)
+    q, k, v = make_qkv(1, s, s, h, hk, d, DTYPES[dtype], seed)
+    check(q, k, v, sri, causal, dtype)
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_long_all_families_once(d):
+    """Every family at 1000 tokens for the head dims not covered above."""
+    for i, family in enumerate(FAMILIES):
+        sri, causal = family_mask(family, 1000, 100 + i)
+        q, k, v = make_qkv(1, 1000, 1000, 2, 1, d, DTYPES["bf16"], 200 + i)
+        check(q, k, v, sri, causal, "bf16")
+
+
+@pytest.mark.parametrize("sq,sk", [(200, 333), (333, 200), (1, 129), (129, 1)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_seqlen_q_ne_k_no_mask(sq, sk, causal):
+    q, k, v = make_qkv(2, sq, sk, 4, 4, 128, DTYPES["fp16"], sq * 7 + sk)
+    check(q, k, v, None, causal, "fp16")
+
+
+@pytest.mark.parametrize("sq,sk", [(200, 333), (333, 200)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_seqlen_q_ne_k_window(sq, sk, causal):
+    q, k, v = make_qkv(1, sq, sk, 4, 2, 64, DTYPES["bf16"], sq + sk)
+    check(q, k, v, None, causal, "bf16", window_size=(37, 11))
+
+
+@pytest.mark.parametrize("sq,sk,causal,c", [(200, 333, True, 2), (333, 200, True, 1), (200, 333, False, 4),
+                                            (333, 200, False, 2)])
+def test_seqlen_q_ne_k_random_bounds(sq, sk, causal, c):
+    """Random column bounds with S_q != S_k (rows are query indices in [0, S_q])."""
+    rng = np.random.default_rng(sq * sk + c)
+    a = np.sort(rng.integers(0, sq + 1, size=(1, 2, sk, 2)), axis=-1)
+    if c == 1:
+        sri = a[..., 1:2]
+    elif c == 2 and causal:
+        sri = a
+    elif c == 2:
+        sri = np.stack([a[..., 1], a[..., 0]], axis=-1)  # LTS >= UTE
+    else:
+        b = np.sort(rng.integers(0, sq + 1, size=(1, 2, sk, 2)), axis=-1)
+        sri = np.concatenate([a, b], axis=-1)
+    sri = np.ascontiguousarray(sri, dtype=np.int32)
+    q, k, v = make_qkv(1, sq, sk, 4, 2, 128, DTYPES["fp16"], sq + 3 * sk)
+    check(q, k, v, sri, causal, "fp16")
+
+
+@pytest.mark.parametrize("mask_heads", ["1", "hk", "h"])
+def test_mask_heads_broadcast(mask_heads):
+    h, hk = 8, 2
+    hm = {"1": 1, "hk": hk, "h": h}[mask_heads]
+    parts = [family_mask("causal_document", 300, 10 + i)[0] for i in range(hm)]
+    sri = np.ascontiguousarray(np.concatenate(parts, axis=1))
+    q, k, v = make_qkv(1, 300, 300, h, hk, 128, DTYPES["bf16"], 5)
+    check(q, k, v, sri, True, "bf16")
+
+
+def test_mqa():
+    sri, causal = family_mask("prefix_lm_document", 513, 3)
+    q, k, v = make_qkv(1, 513, 513, 8, 1, 64, DTYPES["fp16"], 8)
+    check(q, k, v, sri, causal, "fp16")
+
+
+@pytest.mark.parametrize("family", ["full", "causal", "document"])
+def test_softmax_scale(family):
+    sri, causal = family_mask(family, 257, 1)
+    q, k, v = make_qkv(1, 257, 257, 2, 2, 128, DTYPES["fp16"], 9)
+    check(q, k, v, sri, causal, "fp16", softmax_scale=0.03)
+
+
+@pytest.mark.parametrize("family", ["full", "causal", "global_sliding_window"])
+def test_block_mask(family):
+    s = 700
+    sri, causal = family_mask(family, s, 4)
+    nb = -(-s // 128)
+    rng = np.random.default_rng(11)
+    bm = np.ascontiguousarray(rng.integers(0, 2, size=(1, 1, nb, nb)), dtype=np.int32)
+    bm[0, 0, 2, :] = 0  # a fully dropped row of blocks: rows with no visible key
+    q, k, v = make_qkv(1, s, s, 2, 1, 128, DTYPES["bf16"], 12)
+    check(q, k, v, sri, causal, "bf16", block_mask=bm)
+
+
+def test_block_mask_without_sri():
+    s = 300
+    nb = -(-s // 128)
+    bm = np.ones((1, 1, nb, nb), dtype=np.int32)
+    bm[0, 0, 1, 0] = 0
+    q, k, v = make_qkv(1, s, s, 2, 2, 64, DTYPES["bf16"], 13)
+    check(q, k, v, None, False, "bf16", block_mask=bm)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fully_masked_rows(causal):
+    s = 333
+    rng = np.random.default_rng(2)
+    if causal:  # C=2: rows [LTS, LTE) masked in every column for a band of rows
+        sri = np.zeros((1, 1, s, 2), dtype=np.int32)
+        sri[..., 0] = 100
+        sri[..., 1] = 250
+    else:  # C=4 with random gaps plus a band masked everywhere
+        sri = np.zeros((1, 1, s, 4), dtype=np.int32)
+        sri[..., 0] = 40
+        sri[..., 1] = 170
+        sri[..., 2] = rng.integers(0, 20, size=s)
+        sri[..., 3] = sri[..., 2] + 5
+    q, k, v = make_qkv(1, s, s, 2, 1, 256, DTYPES["fp16"], 14)
+    check(q, k, v, sri, causal, "fp16")
+
+
+def test_host_mask_and_strided_qkv():
+    """Mask given as a numpy array; q/k/v are views into one packed qkv tensor (non-contiguous)."""
+    s, h, d = 257, 4, 64
+    qkv = torch.randn(1, s, 3 * h, d, device="cuda").to(torch.bfloat16)
+    q, k, v = qkv[:, :, :h], qkv[:, :, h:2 * h], qkv[:, :, 2 * h:]
+    sri, causal = family_mask("document", s, 6)
+    from fm3_gpu_util import run_kernel
+    from paddle_fm3 import reference
+    out, lse = run_kernel(q, k, v, sri, causal)
+    ro, _ = reference.attention_forward(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                                        sri, causal=causal)
+    err = np.linalg.norm(out.float().cpu().numpy() - ro) / np.linalg.norm(ro)
+    assert err < 1e-2
+
+
+def test_bad_arguments():
+    from paddle_fm3 import kernels
+    q, k, v = make_qkv(1, 64, 64, 2, 2, 64, torch.bfloat16, 0)
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 2, 64, device="cuda")
+    with pytest.raises(TypeError):
+        kernels.flashmask_fwd(q.float(), k, v, None, out, lse, causal=True)
+    with pytest.raises(ValueError):
+        kernels.flashmask_fwd(q, k[:, :32], v, None, out, lse, causal=True)
+    with pytest.raises(ValueError):
+        kernels.flashmask_fwd(q[..., :32].contiguous(), k[..., :32].contiguous(), v[..., :32].contiguous(), None,
+                              out[..., :32].contiguous(), lse, causal=True)
+    with pytest.raises(TypeError):
+        kernels.flashmask_fwd(q, k, v, None, out, lse, causal=1)
+    bad = torch.zeros(1, 1, 64, 4, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError):
+        kernels.flashmask_fwd(q, k, v, bad, out, lse, causal=True)  # C=4 needs causal=False
+    with pytest.raises(TypeError):
+        kernels.flashmask_fwd(q, k, v, bad.float(), out, lse, causal=False)
