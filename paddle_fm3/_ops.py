@@ -1,11 +1,35 @@
-"""The compiled custom ops (generated from yaml/ at build time)."""
+"""Load the compiled custom ops (registration generated from yaml/ at build time).
 
-try:
-    from . import _fm3_ops as ops
-except ImportError as e:  # pragma: no cover - only without a build
-    raise ImportError(
-        "paddle_fm3's compiled ops are missing: install the package with "
-        "`pip install --no-build-isolation .` (needs paddlepaddle) or build in place with "
-        "`python setup.py build_ext --inplace`") from e
+The shared library is registered with Paddle's op registry and each op gets
+the Python API function that Paddle's cpp_extension generates for custom ops
+(the same code Paddle's own `load`/`setup` install), found by op name on
+``ops``. We load the library ourselves because a wheel install keeps its name
+as built, next to Paddle's stub of the same name."""
+
+from __future__ import annotations
+
+import pathlib
+import types
+
+from paddle.utils.cpp_extension import extension_utils as _eu
+
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _load() -> types.SimpleNamespace:
+    libs = sorted(_HERE.glob("_fm3_ops*.so"))
+    if not libs:
+        raise ImportError(
+            "paddle_fm3's compiled ops are missing: install the package with "
+            "`pip install --no-build-isolation .` (needs paddlepaddle) or build in place with "
+            "`python setup.py build_ext --inplace`")
+    names = _eu.load_op_meta_info_and_register_op(str(libs[0]))
+    namespace: dict = {}
+    for name in names:
+        exec(_eu._custom_api_content(name), namespace)  # noqa: S102 - Paddle's generated op API
+    return types.SimpleNamespace(**{n: namespace[n] for n in names})
+
+
+ops = _load()
 
 __all__ = ["ops"]
