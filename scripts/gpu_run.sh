@@ -8,7 +8,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/.devout}"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 [ -f .devbuild/libfm3_cuda.so ] || scripts/gpu_build.sh
 scripts/build_dlpack_ext.sh 2>&1 | tail -3
 if [ "${TESTS:-}" != "none" ]; then

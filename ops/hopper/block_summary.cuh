@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(kSummaryWarpsPerCta * 32)
   const int n0 = blk * block_n, n1 = min(n0 + block_n, seqlen_k);
   BlockSummary s = empty_summary();
   for (int j = n0 + lane; j < n1; j += 32)
-    summary_add(s, load_column(col0 + static_cast<int64_t>(j) * mask_cols, mask_cols, causal, seqlen_q));
+    summary_add(s, load_column(col0 + static_cast<int64_t>(j) * mask_cols, j, mask_cols, causal, seqlen_q,
+                               seqlen_k - seqlen_q));
   s.lts_min = warp_min(s.lts_min);
   s.lts_max = warp_max(s.lts_max);
   s.lte_min = warp_min(s.lte_min);

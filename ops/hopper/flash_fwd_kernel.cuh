@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
           ColumnBounds cb;
           if (col >= a.seqlen_k) cb = ColumnBounds{0, 0x7fffffff, 0, 0};  // past the end: all rows
           else if (sri == nullptr) cb = ColumnBounds{a.seqlen_q, a.seqlen_q, 0, 0};
-          else cb = load_column(sri + static_cast<int64_t>(col) * a.mask_cols, a.mask_cols, a.causal, a.seqlen_q);
+          else cb = load_column(sri + static_cast<int64_t>(col) * a.mask_cols, col, a.mask_cols, a.causal, a.seqlen_q, causal_offset);
           sCol[j] = cb;
         }
       }
