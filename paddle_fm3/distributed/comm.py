@@ -1,0 +1,226 @@
+"""The communication interface of the CP executor, and its implementations.
+
+The executor and the plan only call :class:`Communicator`; a backend is a small class:
+
+- :class:`PaddleCommunicator`: ``paddle.distributed`` on a process group. On NCCL one
+  ``batch_isend_irecv`` per exchange; on gloo (CPU) ordered blocking ``send``/``recv`` (Paddle
+  3.3's ProcessGroupGloo has no all-to-all, and its ``isend``/``irecv`` block until matched).
+- :class:`TorchCommunicator`: the same over ``torch.distributed`` (for the GPU benchmark machines,
+  which have PyTorch but no Paddle).
+- :class:`PlanOnlyCommunicator`: rank and world size only, for planning and simulation without a
+  process group (any communication raises).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import List, Sequence, Tuple
+
+__all__ = ["Communicator", "Pending", "PaddleCommunicator", "TorchCommunicator", "PlanOnlyCommunicator",
+           "default_communicator"]
+
+
+class Pending:
+    """Handles of one posted exchange. ``wait_recv(i)`` blocks until the i-th receive is complete."""
+
+    def __init__(self, send_tasks: Sequence, recv_tasks: Sequence):
+        self._send = list(send_tasks)
+        self._recv = list(recv_tasks)
+
+    def wait_recv(self, i: int) -> None:
+        t = self._recv[i] if i < len(self._recv) else None  # absent: completed when posted
+        if t is not None:
+            t.wait()
+            self._recv[i] = None
+
+    def wait_all(self) -> None:
+        for i in range(len(self._recv)):
+            self.wait_recv(i)
+        for t in self._send:
+            if t is not None:
+                t.wait()
+        self._send = []
+
+
+class Communicator(abc.ABC):
+    """What the CP plan and executor need from a process group.
+
+    Ranks are indices ``0 .. world_size - 1`` inside the CP group.
+    """
+
+    rank: int
+    world_size: int
+
+    @abc.abstractmethod
+    def exchange(self, sends: Sequence[Tuple[int, object]], recvs: Sequence[Tuple[int, object]]) -> Pending:
+        """Post all point-to-point ``sends`` (peer, tensor) and ``recvs`` (peer, preallocated tensor)
+        at once, without blocking; at most one message per direction per peer. Every rank must
+        post the matching operations in the same call (both ends derive them from the plan)."""
+
+    @abc.abstractmethod
+    def all_gather(self, tensor) -> List:
+        """Blocking all-gather of same-shaped tensors; returns the list in rank order."""
+
+    def all_gather_ints(self, values: Sequence[int]) -> List[List[int]]:
+        """All-gather a short list of int64 values (the plan-agreement check)."""
+        raise NotImplementedError
+
+
+class PlanOnlyCommunicator(Communicator):
+    """A (rank, world_size) pair without a process group: plans, stats, simulation."""
+
+    def __init__(self, rank: int, world_size: int):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.rank, self.world_size = int(rank), int(world_size)
+
+    def exchange(self, sends, recvs):
+        if sends or recvs:
+            raise RuntimeError("PlanOnlyCommunicator cannot communicate; build the plan on a process group")
+        return Pending([], [])
+
+    def all_gather(self, tensor):
+        if self.world_size != 1:
+            raise RuntimeError("PlanOnlyCommunicator cannot communicate; build the plan on a process group")
+        return [tensor]
+
+    def all_gather_ints(self, values):
+        if self.world_size != 1:
+            raise RuntimeError("PlanOnlyCommunicator cannot communicate")
+        return [list(values)]
+
+
+class PaddleCommunicator(Communicator):
+    """``paddle.distributed`` on ``group`` (None: the world)."""
+
+    def __init__(self, group=None):
+        import paddle.distributed as dist  # noqa: PLC0415
+
+        self._dist = dist
+        self.group = group
+        if group is None:
+            self.world_size = dist.get_world_size()
+            self.rank = dist.get_rank()
+            self._global = list(range(self.world_size))
+        else:
+            self.world_size = group.nranks
+            self.rank = group.rank
+            self._global = list(group.ranks)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the CP group")
+        try:
+            backend = dist.get_backend(group)
+        except Exception:  # noqa: BLE001 - older Paddle
+            backend = "NCCL"
+        self.backend = str(backend).upper()
+
+    def exchange(self, sends, recvs):
+        dist = self._dist
+        if not sends and not recvs:
+            return Pending([], [])
+        if self.backend == "NCCL":
+            ops = [dist.P2POp(dist.isend, t, self._global[p], self.group) for p, t in sends]
+            ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group) for p, t in recvs]
+            tasks = dist.batch_isend_irecv(ops)
+            return Pending(tasks[:len(sends)], tasks[len(sends):])
+        # gloo (CPU): Paddle 3.3's ProcessGroupGloo has no batched p2p and its isend/irecv block in
+        # the call until the peer matches them. Deadlock-free schedule: the pairs (a < b) with
+        # traffic are processed in one global lexicographic order, which every rank derives from
+        # the same plan, so the smallest unfinished pair is always the next one on both of its
+        # ranks; inside a pair the lower rank sends first. The exchange completes here (no overlap
+        # on gloo; NCCL above overlaps).
+        me = self.rank
+        send_to = {p: t for p, t in sends}
+        recv_from = {p: t for p, t in recvs}
+        for peer in sorted(set(send_to) | set(recv_from)):
+            steps = [("send", send_to.get(peer)), ("recv", recv_from.get(peer))]
+            if me > peer:
+                steps.reverse()
+            for kind, t in steps:
+                if t is None:
+                    continue
+                if kind == "send":
+                    dist.send(t, dst=self._global[peer], group=self.group)
+                else:
+                    dist.recv(t, src=self._global[peer], group=self.group)
+        return Pending([], [])
+
+    def all_gather(self, tensor):
+        out = []
+        self._dist.all_gather(out, tensor, group=self.group)
+        return out
+
+    def all_gather_ints(self, values):
+        import paddle  # noqa: PLC0415
+
+        t = paddle.to_tensor(list(values), dtype="int64")
+        return [x.numpy().tolist() for x in self.all_gather(t)]
+
+
+class TorchCommunicator(Communicator):
+    """``torch.distributed`` on ``group`` (None: the default group). Untested here (no torch on the
+    CPU CI machine); the plan is framework-neutral, so a torch executor can reuse it."""
+
+    def __init__(self, group=None):
+        import torch.distributed as tdist  # noqa: PLC0415
+
+        self._dist = tdist
+        self.group = group
+        self.world_size = tdist.get_world_size(group)
+        self.rank = tdist.get_rank(group)
+        self._global = [tdist.get_global_rank(group, r) if group is not None else r
+                        for r in range(self.world_size)]
+
+    def exchange(self, sends, recvs):
+        d = self._dist
+        ops = [d.P2POp(d.isend, t, self._global[p], self.group) for p, t in sends]
+        ops += [d.P2POp(d.irecv, t, self._global[p], self.group) for p, t in recvs]
+        if not ops:
+            return Pending([], [])
+        reqs = d.batch_isend_irecv(ops)
+        # torch completes a batch as a whole; wait on every request before reading any receive
+        return Pending(reqs[:len(sends)], [_AllOf(reqs)] * len(recvs))
+
+    def all_gather(self, tensor):
+        out = [tensor.new_empty(tensor.shape) for _ in range(self.world_size)]
+        self._dist.all_gather(out, tensor.contiguous(), group=self.group)
+        return out
+
+    def all_gather_ints(self, values):
+        import torch  # noqa: PLC0415
+
+        dev = "cuda" if self._dist.get_backend(self.group) == "nccl" else "cpu"
+        t = torch.tensor(list(values), dtype=torch.int64, device=dev)
+        return [x.cpu().tolist() for x in self.all_gather(t)]
+
+
+class _AllOf:
+    def __init__(self, reqs):
+        self._reqs = reqs
+
+    def wait(self):
+        for r in self._reqs:
+            r.wait()
+
+
+def default_communicator(group=None) -> Communicator:
+    """The CP group: ``group`` if given (a Paddle group or a Communicator); else fleet's hybrid sep
+    group when fleet is initialized with ``sep_degree > 1``; else the world (a single-rank
+    communicator when ``paddle.distributed`` is not initialized)."""
+    if isinstance(group, Communicator):
+        return group
+    if group is not None:
+        return PaddleCommunicator(group)
+    import paddle.distributed as dist  # noqa: PLC0415
+
+    try:
+        from paddle.distributed import fleet  # noqa: PLC0415
+
+        hcg = fleet.get_hybrid_communicate_group()
+        if hcg is not None and hcg.get_sep_parallel_world_size() > 1:
+            return PaddleCommunicator(hcg.get_sep_parallel_group())
+    except Exception:  # noqa: BLE001 - fleet not initialized / no sep axis
+        pass
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return PlanOnlyCommunicator(0, 1)
+    return PaddleCommunicator(None)

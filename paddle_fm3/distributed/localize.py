@@ -1,0 +1,105 @@
+"""Localization of a global FlashMask to one rank's query rows (numpy only, zero communication).
+
+FlashMask-3 context parallelism, step 1 (DESIGN.md "Context parallelism"). A rank owns the query
+rows of its segments ``s_0 < s_1 < ... < s_{m-1}`` (each ``segment_size`` rows), stacked in that
+order. A global row bound ``r`` maps to the number of the rank's rows below it,
+
+    local(r) = max_b ( b * C + clip(r - s_b * C, 0, C) )   over segments with a positive clip
+             (0 if there is none),
+
+which is monotone, so every masked interval ``[a, e)`` of global rows becomes the interval
+``[local(a), local(e))`` of local rows holding exactly the rank's rows of ``[a, e)``. Applied
+elementwise (clip, shift, max) to LTS/LTE/UTS/UTE. Key columns stay global.
+
+A causal mask is first written out explicitly (the causal triangle becomes ``UTS = 0, UTE[j] = j``,
+bottom-right aligned with ``S_q == S_k``), because after re-ordering the local row order no longer
+follows the key order. The result is always a non-causal ``C = 4`` mask.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["explicit_four_column", "local_row_bound", "localize"]
+
+
+def explicit_four_column(startend_row_indices, causal: bool) -> np.ndarray:
+    """Rewrite any FlashMask as the equivalent non-causal ``C = 4`` mask (LTS, LTE, UTS, UTE).
+
+    Args:
+        startend_row_indices: integer ``[B, H_mask, S, C]`` with ``S_q == S_k == S``.
+        causal: the ``causal`` flag the mask goes with (C in {1, 2} if True, {2, 4} if False).
+
+    Returns:
+        int64 ``[B, H_mask, S, 4]``; for causal masks ``UTS = 0, UTE[j] = j``.
+
+    Raises:
+        ValueError: wrong rank or C.
+    """
+    a = np.asarray(startend_row_indices)
+    if a.ndim != 4:
+        raise ValueError(f"startend_row_indices must be 4-D [B, H_mask, S, C], got shape {a.shape}")
+    b, h, s, c = a.shape
+    a = a.astype(np.int64, copy=False)
+    out = np.empty((b, h, s, 4), dtype=np.int64)
+    if causal:
+        if c not in (1, 2):
+            raise ValueError(f"startend_row_indices: causal=True needs C in (1, 2), got {c}")
+        out[..., 0] = a[..., 0]
+        out[..., 1] = a[..., 1] if c == 2 else s
+        out[..., 2] = 0
+        out[..., 3] = np.arange(s, dtype=np.int64)  # rows i < j cannot see key j
+    elif c == 2:
+        out[..., 0] = a[..., 0]
+        out[..., 1] = s
+        out[..., 2] = 0
+        out[..., 3] = a[..., 1]
+    elif c == 4:
+        out[...] = a
+    else:
+        raise ValueError(f"startend_row_indices: causal=False needs C in (2, 4), got {c}")
+    return out
+
+
+def local_row_bound(r, segments, segment_size: int) -> np.ndarray:
+    """``local(r)``: number of the rank's rows (segments in ascending order) below global row ``r``.
+
+    Vectorized clip-shift-max: the last segment starting below ``r`` contributes
+    ``b * C + clip(r - s_b * C, 0, C)``; rows below every segment map to 0.
+
+    Args:
+        r: integer array of global row bounds in ``[0, S]``.
+        segments: ascending segment indices owned by the rank.
+        segment_size: rows per segment (C).
+
+    Returns:
+        int64 array shaped like ``r`` with values in ``[0, len(segments) * C]``.
+    """
+    segs = np.asarray(segments, dtype=np.int64)
+    if segs.ndim != 1 or (segs.size > 1 and np.any(np.diff(segs) <= 0)):
+        raise ValueError("segments must be a 1-D strictly ascending list of segment indices")
+    r = np.asarray(r, dtype=np.int64)
+    starts = segs * segment_size
+    b = np.searchsorted(starts, r, side="left") - 1  # last segment with start < r
+    bc = np.maximum(b, 0)
+    val = bc * segment_size + np.clip(r - starts[bc], 0, segment_size)
+    return np.where(b >= 0, val, 0)
+
+
+def localize(startend_row_indices, causal: bool, segments, segment_size: int) -> np.ndarray:
+    """The rank-local mask: the global mask restricted to the rank's query rows.
+
+    Args:
+        startend_row_indices: global integer ``[B, H_mask, S, C]`` (``S_q == S_k == S``).
+        causal: its causal flag.
+        segments: ascending segment indices owned by the rank.
+        segment_size: rows per segment.
+
+    Returns:
+        int32 ``[B, H_mask, S, 4]``: a non-causal C=4 mask over **global** key columns whose values
+        are **local** query rows in ``[0, len(segments) * segment_size]``. Local row ``b*C + t`` is
+        global row ``segments[b]*C + t``, and
+        ``to_dense(result, False, L) == to_dense(global, causal)[:, :, rows_of_rank, :]``.
+    """
+    four = explicit_four_column(startend_row_indices, causal)
+    return local_row_bound(four, segments, segment_size).astype(np.int32)

@@ -1,0 +1,346 @@
+"""The context-parallel plan: segments, balance, localized masks, which KV segments move where.
+
+FlashMask-3 context parallelism (DESIGN.md "Context parallelism"): the global sequence of ``S``
+tokens is cut into ``n = S / segment_size`` segments; each of the ``P`` ranks owns ``n / P`` of them
+(HCC-IPO balance on the block-summary workload), holds the queries and keys/values of those
+segments, and receives only the remote KV segments that are not fully masked for its rows. Every
+rank derives the same plan from the same global mask with no communication.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import masks as _masks
+from .balance import hcc_ipo
+from .comm import Communicator, PlanOnlyCommunicator, default_communicator
+from .localize import localize
+
+__all__ = ["CPLayout", "CPPlan", "make_cp_plan", "make_cp_plans", "build_layout", "segment_summary",
+           "default_segment_size"]
+
+TILE = 128  # query tile / key block of the workload summary (the kernels' kBlockM/kBlockN scale)
+
+
+def default_segment_size(seqlen: int, num_ranks: int) -> int:
+    """Largest-count split with segments of at least ``min(2048, S/(2P))`` tokens: up to 16
+    segments per rank (so balance has room), never fewer than 2 (dual-chunk) when S allows."""
+    floor = min(2048, max(1, seqlen // (2 * num_ranks)))
+    for per_rank in (16, 8, 4, 2, 1):
+        if seqlen % (num_ranks * per_rank) == 0 and seqlen // (num_ranks * per_rank) >= floor:
+            return seqlen // (num_ranks * per_rank)
+    raise ValueError(f"seqlen ({seqlen}) must be divisible by the CP group size ({num_ranks}); pad the "
+                     f"sequence with masked-out tokens or choose segment_size explicitly")
+
+
+def _check_mask(startend_row_indices, causal) -> np.ndarray:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    sri = startend_row_indices
+    if hasattr(sri, "numpy") and not isinstance(sri, np.ndarray):
+        sri = sri.numpy()
+    arr, _ = _masks.validate_startend_row_indices(sri, bool(causal))
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size: int,
+                    tile: int = TILE) -> Tuple[np.ndarray, np.ndarray]:
+    """Workload and visibility per segment from the block classification (``block_classify``).
+
+    Returns:
+        ``weights`` int64 ``[n]``: not-fully-masked (query tile, key block) pairs whose query tile
+        lies in each segment, summed over batch and mask heads;
+        ``needed`` bool ``[n, n]``: ``needed[s, t]`` is False iff every key block of segment ``t`` is
+        fully masked for every query tile of segment ``s`` (then ``t``'s KV is never sent for ``s``).
+    """
+    from ..blocks import block_classify  # noqa: PLC0415 - needs the compiled op
+
+    b, hm, s, _ = startend_row_indices.shape
+    g = math.gcd(segment_size, tile)
+    n, tps = s // segment_size, segment_size // g
+    cls = block_classify(startend_row_indices, causal=bool(causal), seqlen_q=s, block_m=g, block_n=g)
+    nz = (cls != 0).reshape(b * hm, n, tps, n, tps)
+    weights = nz.sum(axis=(0, 2, 3, 4), dtype=np.int64)
+    needed = nz.any(axis=(0, 2, 4))
+    return weights, needed
+
+
+class CPLayout:
+    """The rank-independent part of a plan (identical on every rank).
+
+    Attributes:
+        seqlen, segment_size, num_segments, num_ranks: sizes.
+        segments: int64 ``[P, n/P]``: each rank's segments, ascending.
+        owner: int64 ``[n]``; position: int64 ``[n]`` (index of the segment inside its owner).
+        weights: int64 ``[n]`` workload; needed: bool ``[n, n]`` (query segment, key segment).
+        recv: ``recv[r][p]``: int64 array, ascending segments owned by ``p`` whose KV rank ``r``
+            receives (empty for ``p == r``).
+    """
+
+    def __init__(self, seqlen, segment_size, num_ranks, segments, weights, needed):
+        self.seqlen, self.segment_size, self.num_ranks = int(seqlen), int(segment_size), int(num_ranks)
+        self.num_segments = self.seqlen // self.segment_size
+        self.segments = np.asarray(segments, dtype=np.int64)
+        self.weights = np.asarray(weights, dtype=np.int64)
+        self.needed = np.asarray(needed, dtype=bool)
+        n = self.num_segments
+        self.owner = np.empty(n, dtype=np.int64)
+        self.position = np.empty(n, dtype=np.int64)
+        for r in range(self.num_ranks):
+            self.owner[self.segments[r]] = r
+            self.position[self.segments[r]] = np.arange(self.segments.shape[1])
+        self.recv = []
+        for r in range(self.num_ranks):
+            want = self.needed[self.segments[r]].any(axis=0)  # key segments my rows need
+            self.recv.append([np.zeros(0, np.int64) if p == r else
+                              self.segments[p][want[self.segments[p]]] for p in range(self.num_ranks)])
+
+    def loads(self) -> np.ndarray:
+        return self.weights[self.segments].sum(axis=1)
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        h.update(np.array([self.seqlen, self.segment_size, self.num_ranks], np.int64).tobytes())
+        h.update(self.segments.tobytes())
+        h.update(np.packbits(self.needed).tobytes())
+        return h.hexdigest()
+
+
+def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Optional[int] = None,
+                 *, extra_masks: Sequence = (), segments=None, tile: int = TILE) -> CPLayout:
+    """Summary + balance + communication plan, without any process group (pure function).
+
+    ``extra_masks``: further ``(startend_row_indices, causal)`` sharing this dispatch (their
+    workloads are added for the balance; their visibility is OR-ed only where noted by callers).
+    ``segments``: reuse an existing assignment ``[P, n/P]`` instead of balancing.
+    """
+    sri = _check_mask(startend_row_indices, causal)
+    b, hm, s, _ = sri.shape
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    if segment_size is None:
+        segment_size = default_segment_size(s, num_ranks)
+    if isinstance(segment_size, bool) or not isinstance(segment_size, (int, np.integer)) or segment_size < 1:
+        raise ValueError(f"segment_size must be a positive int, got {segment_size!r}")
+    if s % (num_ranks * segment_size) != 0:
+        raise ValueError(f"seqlen ({s}) must be divisible by num_ranks * segment_size = {num_ranks} * "
+                         f"{segment_size} = {num_ranks * segment_size}; pad the sequence with masked-out "
+                         f"tokens or choose another segment_size")
+    weights, needed = segment_summary(sri, causal, segment_size, tile)
+    for extra, extra_causal in extra_masks:
+        e = _check_mask(extra, extra_causal)
+        if e.shape[2] != s:
+            raise ValueError(f"all masks sharing a dispatch need seqlen {s}, got {e.shape[2]}")
+        w2, _ = segment_summary(e, extra_causal, segment_size, tile)
+        weights = weights + w2
+    if segments is None:
+        segments = hcc_ipo(weights, num_ranks)
+    return CPLayout(s, segment_size, num_ranks, segments, weights, needed)
+
+
+class CPPlan:
+    """One rank's view of a CP layout for one mask, plus its communicator.
+
+    Use :meth:`dispatch` / :meth:`undispatch` to move ``[B, S, ...]`` tensors between global order
+    and this rank's segments, and :func:`cp_flashmask_attention` to run attention.
+    """
+
+    def __init__(self, layout: CPLayout, startend_row_indices: np.ndarray, causal: bool, comm: Communicator):
+        if comm.world_size != layout.num_ranks:
+            raise ValueError(f"CP group has {comm.world_size} ranks, layout has {layout.num_ranks}")
+        self.layout, self.comm, self.causal = layout, comm, bool(causal)
+        self.rank = comm.rank
+        self.startend_row_indices = startend_row_indices
+        lay, r, c = layout, comm.rank, layout.segment_size
+        self.my_segments = lay.segments[r]
+        self.local_seqlen = len(self.my_segments) * c
+        self.local_mask = localize(startend_row_indices, causal, self.my_segments, c)  # [B,Hm,S,4]
+        self.recv_peers = [p for p in range(lay.num_ranks) if len(lay.recv[r][p])]
+        self.send_peers = [p for p in range(lay.num_ranks) if p != r and len(lay.recv[p][r])]
+        self._cache = {}
+
+    # ---- index helpers -------------------------------------------------------------------
+    def _rows(self, segs) -> np.ndarray:
+        c = self.layout.segment_size
+        segs = np.asarray(segs, dtype=np.int64)
+        return (segs[:, None] * c + np.arange(c)[None, :]).reshape(-1)
+
+    def send_rows(self, peer: int) -> np.ndarray:
+        """Local KV rows (in this rank's order) that ``peer`` receives from this rank."""
+        segs = self.layout.recv[peer][self.rank]
+        return self._rows(self.layout.position[segs])
+
+    def _mask_tensor(self, key):
+        import paddle  # noqa: PLC0415
+
+        if key not in self._cache:
+            segs = self.my_segments if key == "local" else self.layout.recv[self.rank][key]
+            cols = self._rows(segs)
+            arr = np.ascontiguousarray(self.local_mask[:, :, cols, :])
+            self._cache[key] = paddle.to_tensor(arr, dtype="int32", place=paddle.CPUPlace())
+        return self._cache[key]
+
+    def mask_for(self, source):
+        """Local mask (``[B, H_mask, keys, 4]`` int32 paddle tensor) for the KV held locally
+        (``source='local'``) or received from peer ``source``."""
+        return self._mask_tensor(source)
+
+    # ---- dispatch ------------------------------------------------------------------------
+    def _index(self, place):
+        import paddle  # noqa: PLC0415
+
+        key = ("idx", str(place))
+        if key not in self._cache:
+            self._cache[key] = paddle.to_tensor(self._rows(self.my_segments), dtype="int64", place=place)
+        return self._cache[key]
+
+    def dispatch(self, x, axis: int = 1):
+        """Global ``x`` (``x.shape[axis] == S``, identical on every rank) -> this rank's segments in
+        ascending order (``x.shape[axis] == S / P``). Differentiable (an index_select)."""
+        import paddle  # noqa: PLC0415
+
+        axis = axis % len(x.shape)
+        if x.shape[axis] != self.layout.seqlen:
+            raise ValueError(f"dispatch: x.shape[{axis}] must be the global seqlen {self.layout.seqlen}, "
+                             f"got {x.shape[axis]}")
+        return paddle.index_select(x, self._index(x.place), axis=axis)
+
+    def undispatch(self, x, axis: int = 1):
+        """This rank's ``x`` (``x.shape[axis] == S / P``) -> the global tensor on every rank
+        (all-gather). Backward keeps this rank's slice of the incoming gradient (each rank is assumed
+        to compute the same loss on the global tensor)."""
+        from .executor import _Undispatch  # noqa: PLC0415
+
+        axis = axis % len(x.shape)
+        if x.shape[axis] != self.local_seqlen:
+            raise ValueError(f"undispatch: x.shape[{axis}] must be the local seqlen {self.local_seqlen}, "
+                             f"got {x.shape[axis]}")
+        return _Undispatch.apply(x, self, axis)
+
+    def _inverse_index(self, place):
+        import paddle  # noqa: PLC0415
+
+        key = ("inv", str(place))
+        if key not in self._cache:
+            order = self._rows(self.layout.segments.reshape(-1))  # global row of each gathered row
+            inv = np.empty_like(order)
+            inv[order] = np.arange(order.size)
+            self._cache[key] = paddle.to_tensor(inv, dtype="int64", place=place)
+        return self._cache[key]
+
+    # ---- reuse ---------------------------------------------------------------------------
+    def for_mask(self, startend_row_indices, *, causal: bool) -> "CPPlan":
+        """A plan for another mask of the same sequence sharing this plan's dispatch (same segments
+        on the same ranks: e.g. sliding-window and global layers of one model). Its own
+        localization and KV pruning; no communication."""
+        sri = _check_mask(startend_row_indices, causal)
+        lay = build_layout(sri, causal, self.layout.num_ranks, self.layout.segment_size,
+                           segments=self.layout.segments)
+        return CPPlan(lay, sri, causal, self.comm)
+
+    # ---- introspection -------------------------------------------------------------------
+    def digest(self) -> str:
+        return self.layout.digest()
+
+    def check_agreement(self) -> None:
+        """Debug: all-gather a hash of the plan and raise RuntimeError if ranks disagree."""
+        d = int(self.digest()[:15], 16)
+        got = self.comm.all_gather_ints([d])
+        if any(g[0] != d for g in got):
+            raise RuntimeError(f"CP plan differs across ranks (hash prefixes {[g[0] for g in got]}): the "
+                               f"ranks were given different masks, segment sizes or group sizes")
+
+    def stats(self, bytes_per_token: Optional[int] = None) -> dict:
+        """Load balance and communication of the layout (same numbers on every rank).
+
+        ``bytes_per_token``: KV bytes per token (``2 * num_heads_k * head_dim * itemsize * batch``)
+        to report bytes; otherwise volumes are in tokens.
+        """
+        lay = self.layout
+        loads = lay.loads()
+        mean = loads.mean() if loads.size else 0.0
+        c, p = lay.segment_size, lay.num_ranks
+        sent = np.zeros(p, np.int64)
+        recv = np.zeros(p, np.int64)
+        for r in range(p):
+            for q in range(p):
+                k = len(lay.recv[r][q]) * c
+                recv[r] += k
+                sent[q] += k
+        ring = (p - 1) * self.local_seqlen
+        pairs = p * (lay.num_segments - lay.segments.shape[1])
+        sent_pairs = int(sum(len(lay.recv[r][q]) for r in range(p) for q in range(p)))
+        unit = bytes_per_token or 1
+        name = "bytes" if bytes_per_token else "tokens"
+        return {
+            "num_ranks": p, "segment_size": c, "num_segments": lay.num_segments,
+            "load_per_rank": loads.tolist(),
+            "max_over_mean_load": float(loads.max() / mean) if mean > 0 else 1.0,
+            f"kv_{name}_sent_per_rank": (sent * unit).tolist(),
+            f"kv_{name}_received_per_rank": (recv * unit).tolist(),
+            f"ring_kv_{name}_sent_per_rank": ring * unit,
+            "kv_sent_vs_ring": float(sent.max() / ring) if ring else 0.0,
+            "remote_segments_skipped": pairs - sent_pairs, "remote_segments_total": pairs,
+            "plan_digest": self.digest()[:16],
+        }
+
+
+def make_cp_plan(startend_row_indices, *, causal: bool, group=None, segment_size: Optional[int] = None,
+                 debug: Optional[bool] = None) -> CPPlan:
+    """Build this rank's context-parallel plan for a global FlashMask. No communication (except the
+    optional debug agreement check).
+
+    Args:
+        startend_row_indices: the **global** mask, int32 ``[B, H_mask, S, C]`` (numpy or paddle),
+            identical on every rank; self-attention (``S_q == S_k == S``).
+        causal: its causal flag.
+        group: a Paddle process group, a :class:`Communicator`, or None (fleet's hybrid sep group
+            when fleet is initialized with ``sep_degree > 1``, else the world).
+        segment_size: tokens per segment (default :func:`default_segment_size`). ``S`` must be
+            divisible by ``P * segment_size``.
+        debug: all-gather a plan hash and check that every rank built the same plan (default: the
+            ``FM3_CP_DEBUG`` environment variable).
+
+    Returns:
+        :class:`CPPlan`.
+
+    Raises:
+        TypeError / ValueError: bad mask, sizes not divisible; RuntimeError: ranks disagree (debug).
+    """
+    comm = default_communicator(group)
+    sri = _check_mask(startend_row_indices, causal)
+    lay = build_layout(sri, causal, comm.world_size, segment_size)
+    plan = CPPlan(lay, sri, causal, comm)
+    if debug is None:
+        debug = os.environ.get("FM3_CP_DEBUG", "0") not in ("", "0")
+    if debug:
+        plan.check_agreement()
+    return plan
+
+
+def make_cp_plans(masks: Sequence[Tuple[object, bool]], *, group=None, segment_size: Optional[int] = None,
+                  debug: Optional[bool] = None) -> List[CPPlan]:
+    """Plans for several masks of one sequence sharing one dispatch, balanced on their summed
+    workload (e.g. the sliding-window and global layers of one model). ``masks``: a sequence of
+    ``(startend_row_indices, causal)``."""
+    if not masks:
+        raise ValueError("masks must contain at least one (startend_row_indices, causal) pair")
+    comm = default_communicator(group)
+    checked = [(_check_mask(m, c), bool(c)) for m, c in masks]
+    first = build_layout(checked[0][0], checked[0][1], comm.world_size, segment_size,
+                         extra_masks=checked[1:])
+    plans = [CPPlan(first, checked[0][0], checked[0][1], comm)]
+    for m, c in checked[1:]:
+        lay = build_layout(m, c, comm.world_size, first.segment_size, segments=first.segments)
+        plans.append(CPPlan(lay, m, c, comm))
+    if debug is None:
+        debug = os.environ.get("FM3_CP_DEBUG", "0") not in ("", "0")
+    if debug:
+        for p in plans:
+            p.check_agreement()
+    return plans
