@@ -4,7 +4,7 @@ every mask family x dtype x GQA x odd lengths, forward and all three gradients."
 import numpy as np
 import paddle
 import pytest
-from conftest import RTOL, random_startend, rel_err
+from fm3_testutil import RTOL, random_startend, rel_err
 
 import paddle_fm3 as fm
 from paddle_fm3 import masks, reference

@@ -3,7 +3,7 @@ against the dense mask, on random boundary vectors (hypothesis)."""
 
 import numpy as np
 import pytest
-from conftest import random_startend
+from fm3_testutil import random_startend
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
