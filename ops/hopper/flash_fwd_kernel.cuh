@@ -54,12 +54,12 @@ struct FwdTraits {
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "tile shape");
   static_assert(kChunks >= 8, "the XOR swizzle needs rows of at least 8 chunks");
   // Shared memory: Q, two stages of K and of V, the block list, warp counts,
-  // column bounds of the current partial block.
+  // two stages of raw mask columns (startend_row_indices rows of partial blocks).
   static constexpr int kQElems = kBlockM * kHeadDim;
   static constexpr int kKVElems = kBlockN * kHeadDim;
   static constexpr size_t kSmemTiles = sizeof(T) * (kQElems + 4 * kKVElems);
   static constexpr size_t kSmemBytes =
-      kSmemTiles + sizeof(int) * (kThreads + 32) + sizeof(ColumnBounds) * kBlockN;
+      kSmemTiles + sizeof(int) * (kThreads + 32) + sizeof(int32_t) * 2 * 4 * kBlockN;
 };
 
 // Element offset of (row, 16-byte chunk) in a [rows][kHeadDim] tile, with the
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
   T* sV = sK + 2 * Tr::kKVElems;   // 2 stages
   int* sList = reinterpret_cast<int*>(smem_raw + Tr::kSmemTiles);
   int* sWarpCounts = sList + kThreads;
-  ColumnBounds* sCol = reinterpret_cast<ColumnBounds*>(sWarpCounts + 32);
+  int32_t* sMask = sWarpCounts + 32;  // 2 stages of [kBlockN][mask_cols]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
@@ -145,6 +145,12 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
     const int n0 = BlockEntry::block(entry) * kBlockN;
     load_tile<T, kHeadDim, kBlockN, kThreads>(sK + stage * Tr::kKVElems, kg, a.k_rs, n0, a.seqlen_k - n0);
     load_tile<T, kHeadDim, kBlockN, kThreads>(sV + stage * Tr::kKVElems, vg, a.v_rs, n0, a.seqlen_k - n0);
+    if (BlockEntry::partial(entry) && sri != nullptr) {  // the block's mask columns ride along
+      const int n = kBlockN * a.mask_cols, valid = (a.seqlen_k - n0) * a.mask_cols;
+      const int32_t* src = sri + static_cast<int64_t>(n0) * a.mask_cols;
+      for (int i = tid; i < n; i += kThreads)
+        cp_async_4(smem_u32(sMask + stage * 4 * kBlockN + i), i < valid ? src + i : src, i < valid ? 4 : 0);
+    }
     cp_async_commit();
   };
   auto q_frag = [&](uint32_t (&r)[4], int ks) {
@@ -165,16 +171,6 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
-      }
-      if (partial) {  // stage this block's column bounds
-        for (int j = tid; j < kBlockN; j += kThreads) {
-          const int col = n0 + j;
-          ColumnBounds cb;
-          if (col >= a.seqlen_k) cb = ColumnBounds{0, 0x7fffffff, 0, 0};  // past the end: all rows
-          else if (sri == nullptr) cb = ColumnBounds{a.seqlen_q, a.seqlen_q, 0, 0};
-          else cb = load_column(sri + static_cast<int64_t>(col) * a.mask_cols, col, a.mask_cols, a.causal, a.seqlen_q, causal_offset);
-          sCol[j] = cb;
-        }
       }
       __syncthreads();
       if constexpr (Tr::kQInRegs) {
@@ -216,13 +212,21 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] *= a.scale_log2;
       if (partial) {
+        const int32_t* raw = sMask + stage * 4 * kBlockN;
 #pragma unroll
         for (int j = 0; j < Tr::kSTiles; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int cl = j * 8 + 2 * t + (e & 1), col = n0 + cl;
-            const int row = m0 + warp_row + g + (e >> 1) * 8;
-            if (!visible(sCol[cl], row, col, a.causal, causal_offset, bm, a.bm_cols)) s[j][e] = -CUDART_INF_F;
+          for (int c = 0; c < 2; ++c) {
+            const int cl = j * 8 + 2 * t + c, col = n0 + cl;
+            const ColumnBounds cb = sri != nullptr
+                ? load_column(raw + cl * a.mask_cols, col, a.mask_cols, a.causal, a.seqlen_q, causal_offset)
+                : ColumnBounds{a.seqlen_q, a.seqlen_q, 0, 0};
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int row = m0 + warp_row + g + r * 8;
+              if (col >= a.seqlen_k || !visible(cb, row, col, a.causal, causal_offset, bm, a.bm_cols))
+                s[j][2 * r + c] = -CUDART_INF_F;
+            }
           }
       }
 
