@@ -14,6 +14,7 @@ The executor and the plan only call :class:`Communicator`; a backend is a small 
 from __future__ import annotations
 
 import abc
+import math
 from typing import List, Sequence, Tuple
 
 __all__ = ["Communicator", "Pending", "PaddleCommunicator", "TorchCommunicator", "PlanOnlyCommunicator",
@@ -123,26 +124,38 @@ class PaddleCommunicator(Communicator):
             ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group) for p, t in recvs]
             tasks = dist.batch_isend_irecv(ops)
             return Pending(tasks[:len(sends)], tasks[len(sends):])
-        # gloo (CPU): Paddle 3.3's ProcessGroupGloo has no batched p2p and its isend/irecv block in
-        # the call until the peer matches them. Deadlock-free schedule: the pairs (a < b) with
-        # traffic are processed in one global lexicographic order, which every rank derives from
-        # the same plan, so the smallest unfinished pair is always the next one on both of its
-        # ranks; inside a pair the lower rank sends first. The exchange completes here (no overlap
-        # on gloo; NCCL above overlaps).
-        me = self.rank
-        send_to = {p: t for p, t in sends}
-        recv_from = {p: t for p, t in recvs}
-        for peer in sorted(set(send_to) | set(recv_from)):
-            steps = [("send", send_to.get(peer)), ("recv", recv_from.get(peer))]
-            if me > peer:
-                steps.reverse()
-            for kind, t in steps:
-                if t is None:
-                    continue
-                if kind == "send":
-                    dist.send(t, dst=self._global[peer], group=self.group)
-                else:
-                    dist.recv(t, src=self._global[peer], group=self.group)
+        # gloo (CPU): Paddle 3.3's ProcessGroupGloo has no batched p2p and no all-to-all, and its
+        # isend/irecv block until matched and deadlock on irregular patterns (measured: pairwise
+        # and shift-round schedules with barriers both time out at 4 ranks). So on gloo the
+        # exchange is two all-gathers: the [P] per-destination element counts of every rank, then
+        # every rank's outgoing messages (fp32, concatenated by destination, padded to the largest
+        # rank). Each rank cuts its own messages out. Same result; P x the bytes (CPU CI only).
+        return self._exchange_by_all_gather(sends, recvs)
+        return Pending([], [])
+
+    def _exchange_by_all_gather(self, sends, recvs):
+        import numpy as np  # noqa: PLC0415
+        import paddle  # noqa: PLC0415
+
+        p_ = self.world_size
+        counts = [0] * p_
+        for p, t in sends:
+            counts[p] = int(np.prod(t.shape))
+        table = np.array(self.all_gather_ints(counts), dtype=np.int64)  # [src, dst]
+        longest = max(1, int(table.sum(axis=1).max()))
+        flat = [t.astype("float32").reshape([-1]) for _, t in sorted(sends, key=lambda x: x[0])]
+        pad = longest - sum(counts)
+        if pad:
+            flat.append(paddle.zeros([pad], dtype="float32"))
+        buf = paddle.concat(flat) if len(flat) > 1 else flat[0]
+        gathered = self.all_gather(buf)
+        for p, t in recvs:
+            off = int(table[p, :self.rank].sum())
+            n = int(table[p, self.rank])
+            if n != int(np.prod(t.shape)):
+                raise RuntimeError(f"CP exchange: rank {p} sends {n} elements to rank {self.rank}, "
+                                   f"which expects {int(np.prod(t.shape))}: the ranks' plans differ")
+            paddle.assign(gathered[p][off:off + n].reshape(t.shape).astype(t.dtype), output=t)
         return Pending([], [])
 
     def all_gather(self, tensor):
@@ -192,6 +205,21 @@ class TorchCommunicator(Communicator):
         dev = "cuda" if self._dist.get_backend(self.group) == "nccl" else "cpu"
         t = torch.tensor(list(values), dtype=torch.int64, device=dev)
         return [x.cpu().tolist() for x in self.all_gather(t)]
+
+
+def _round_robin_partners(rank: int, world_size: int) -> list:
+    """This rank's partner in each round of the circle-method round robin (None: idle round)."""
+    n = world_size + (world_size % 2)  # a dummy rank n-1 when odd
+    out = []
+    for t in range(n - 1):
+        if rank == n - 1:
+            partner = t
+        elif rank == t:
+            partner = n - 1
+        else:
+            partner = (2 * t - rank) % (n - 1)
+        out.append(None if partner >= world_size or partner == rank else partner)
+    return out
 
 
 class _AllOf:

@@ -29,14 +29,16 @@ def _lse_merge(o1, l1, o2, l2):
     """Merge two partial attention results. o: fp32 [B, L, H, D]; l: fp32 [B, H, L] (natural log,
     -inf where a row saw nothing). Returns the merged (o, l)."""
     mx = paddle.maximum(l1, l2)
-    shift = paddle.where(paddle.isinf(mx), paddle.zeros_like(mx), mx)
-    e1 = paddle.exp(l1 - shift)
-    e2 = paddle.exp(l2 - shift)
-    tot = e1 + e2
-    safe = paddle.where(tot > 0, tot, paddle.ones_like(tot))
-    w1 = paddle.where(tot > 0, e1 / safe, paddle.zeros_like(tot)).transpose([0, 2, 1]).unsqueeze(-1)
-    w2 = paddle.where(tot > 0, e2 / safe, paddle.zeros_like(tot)).transpose([0, 2, 1]).unsqueeze(-1)
-    lse = shift + paddle.log(tot)  # log(0) = -inf for rows that saw nothing
+    none = paddle.isinf(mx)  # both -inf: the row has seen no key yet
+    zero = paddle.zeros_like(mx)
+    shift = paddle.where(none, zero, mx)
+    # exp of -inf is taken as exactly 0 (Paddle's vectorized CPU exp/log are not exact there)
+    e1 = paddle.where(paddle.isinf(l1), zero, paddle.exp(l1 - shift))
+    e2 = paddle.where(paddle.isinf(l2), zero, paddle.exp(l2 - shift))
+    tot = paddle.where(none, paddle.ones_like(mx), e1 + e2)  # >= 1 where some key was seen
+    w1 = (e1 / tot).transpose([0, 2, 1]).unsqueeze(-1)
+    w2 = (e2 / tot).transpose([0, 2, 1]).unsqueeze(-1)
+    lse = paddle.where(none, paddle.full_like(mx, float("-inf")), shift + paddle.log(tot))
     return o1 * w1 + o2 * w2, lse
 
 
