@@ -10,6 +10,12 @@ tokens in total: batch = 128K / S; hidden 4096: heads = 4096 / D), times
 and the block-summary kernel alone. TFLOP/s count only visible pairs: 4 * B * H * D * pairs / t.
 
     python3 scripts/bench_attention.py --seqlens 32768 --head-dims 128 --out $OUT/bench.json
+
+--bwd times the backward instead (paddle_fm3.kernels.flashmask_bwd, atomic and deterministic dQ;
+forward+backward; FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are
+2.5x the forward's, forward+backward 3.5x:
+
+    python3 scripts/bench_attention.py --bwd --total-tokens 32768 --seqlens 32768 --head-dims 128
 """
 import argparse
 import json
@@ -66,14 +72,19 @@ def main():
     ap.add_argument("--families", default=",".join(masks.FAMILIES))
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--bwd", action="store_true", help="benchmark the backward (see the module doc)")
+    ap.add_argument("--total-tokens", type=int, default=TOTAL, help="batch = total / S")
+    ap.add_argument("--rep", type=int, default=8)
     args = ap.parse_args()
+    if args.bwd:
+        return main_bwd(args)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     for d in [int(x) for x in args.head_dims.split(",")]:
         for s in [int(x) for x in args.seqlens.split(",")]:
-            b, h = TOTAL // s, HIDDEN // d
+            b, h = max(1, args.total_tokens // s), HIDDEN // d
             q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             out = torch.empty_like(q)
             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
@@ -140,6 +151,101 @@ def main():
         f = lambda key, fmt="{:.0f}": fmt.format(r[key]) if key in r else "-"  # noqa: E731
         print(f"| {r['D']} | {r['S']} | {r['family']} | {r['density']:.3f} | {f('fm3_tflops')} | {f('flex_tflops')} | "
               f"{f('vs_flex', '{:.2f}')} | {f('cudnn_tflops')} | {f('vs_cudnn', '{:.2f}')} | {f('summary_pct', '{:.2f}')} |")
+
+
+def main_bwd(args):
+    """Backward and forward+backward TFLOP/s (2.5x / 3.5x the forward's visible-pair FLOPs)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    flex = torch.compile(flex_attention, dynamic=False)
+    rep = args.rep
+    rows = []
+    for d in [int(x) for x in args.head_dims.split(",")]:
+        for s in [int(x) for x in args.seqlens.split(",")]:
+            b, h = max(1, args.total_tokens // s), HIDDEN // d
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            do = torch.randn_like(q)
+            out = torch.empty_like(q)
+            lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
+            qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
+            vec_bufs = [torch.zeros(b, s, dtype=torch.int32, device="cuda") for _ in range(4)]
+            causal_flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+            lts, lte, uts, ute = vec_bufs
+
+            def mask_mod(bi, hi, qi, kj):
+                hidden = ((qi >= lts[bi, kj]) & (qi < lte[bi, kj])) | ((qi >= uts[bi, kj]) & (qi < ute[bi, kj]))
+                return ~hidden & ((kj <= qi) | (causal_flag[0] == 0))
+            for fam in args.families.split(","):
+                fm = masks.FAMILIES[fam](s, np.random.default_rng(0), batch=b)
+                sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
+                causal = fm.causal
+                pairs = masks.density(sri_np, causal) * b * s * s
+                fwd_flops = 4.0 * h * d * pairs
+                sri = torch.from_numpy(sri_np).cuda()
+                row = {"family": fam, "S": s, "D": d, "B": b, "H": h, "density": pairs / (b * s * s)}
+
+                def fm3_fwd():
+                    kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
+
+                def fm3_bwd(det=False):
+                    kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal, deterministic=det)
+                fm3_fwd()
+                t = bench(fm3_bwd, warmup=1, rep=rep)
+                row["fm3_bwd_ms"] = t * 1e3
+                row["fm3_bwd_tflops"] = 2.5 * fwd_flops / t / 1e12
+                t = bench(lambda: fm3_bwd(True), warmup=1, rep=rep)
+                row["fm3_bwd_det_tflops"] = 2.5 * fwd_flops / t / 1e12
+                t = bench(lambda: (fm3_fwd(), fm3_bwd()), warmup=1, rep=rep)
+                row["fm3_fwdbwd_tflops"] = 3.5 * fwd_flops / t / 1e12
+                if not args.no_flex:
+                    try:
+                        for buf, val in zip(vec_bufs, normalized_vectors(sri_np, causal, s)):
+                            buf.copy_(val)
+                        causal_flag.fill_(1 if causal else 0)
+                        bmask = create_block_mask(mask_mod, b, None, s, s, device="cuda")
+                        o = flex(qg, kg, vg, block_mask=bmask)
+                        tb = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
+                                   warmup=1, rep=rep)
+                        row["flex_bwd_tflops"] = 2.5 * fwd_flops / tb / 1e12
+                        tfb = bench(lambda: torch.autograd.grad(flex(qg, kg, vg, block_mask=bmask), (qg, kg, vg), dot),
+                                    warmup=1, rep=rep)
+                        row["flex_fwdbwd_tflops"] = 3.5 * fwd_flops / tfb / 1e12
+                        row["bwd_vs_flex"] = row["fm3_bwd_tflops"] / row["flex_bwd_tflops"]
+                        del o
+                    except Exception as e:  # noqa: BLE001
+                        row["flex_error"] = repr(e)[:200]
+                if fam in ("full", "causal"):
+                    try:
+                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                            o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                            tc = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
+                                       warmup=1, rep=rep)
+                            tcf = bench(lambda: torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
+                                qg, kg, vg, is_causal=causal), (qg, kg, vg), dot), warmup=1, rep=rep)
+                            del o
+                        row["cudnn_bwd_tflops"] = 2.5 * fwd_flops / tc / 1e12
+                        row["cudnn_fwdbwd_tflops"] = 3.5 * fwd_flops / tcf / 1e12
+                        row["bwd_vs_cudnn"] = row["fm3_bwd_tflops"] / row["cudnn_bwd_tflops"]
+                    except Exception as e:  # noqa: BLE001
+                        row["cudnn_error"] = repr(e)[:200]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with open(args.out, "w") as f:
+                        json.dump(rows, f, indent=1)
+            del q, k, v, do, out, dq, dk, dv, qt, kt, vt, dot, qg, kg, vg
+            torch.cuda.empty_cache()
+    print("\n| D | S | family | density | fm3 bwd | fm3 bwd det | Flex bwd | fm3/Flex | cuDNN bwd | fm3/cuDNN "
+          "| fm3 fwd+bwd | Flex fwd+bwd | cuDNN fwd+bwd |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        f = lambda key, fmt="{:.0f}": fmt.format(r[key]) if key in r else "-"  # noqa: E731
+        print(f"| {r['D']} | {r['S']} | {r['family']} | {r['density']:.3f} | {f('fm3_bwd_tflops')} | "
+              f"{f('fm3_bwd_det_tflops')} | {f('flex_bwd_tflops')} | {f('bwd_vs_flex', '{:.2f}')} | "
+              f"{f('cudnn_bwd_tflops')} | {f('bwd_vs_cudnn', '{:.2f}')} | {f('fm3_fwdbwd_tflops')} | "
+              f"{f('flex_fwdbwd_tflops')} | {f('cudnn_fwdbwd_tflops')} |")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fm3_cuda.h"
@@ -225,6 +226,105 @@ void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::objec
   if (fm3_cuda_fwd(&p, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_fwd: ") + err);
 }
 
+// Backward: validates like fwd (plus dout/dq/dk/dv), then fm3_cuda_bwd.
+void bwd(py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_, py::object dout_,
+         py::object sri_, py::object dq_, py::object dk_, py::object dv_, py::object block_mask_, bool causal,
+         double softmax_scale, bool deterministic, uintptr_t stream_handle) {
+  void* stream = reinterpret_cast<void*>(stream_handle);
+  View q = view("q", q_), k = view("k", k_), v = view("v", v_), out = view("out", out_), lse = view("lse", lse_);
+  View dout = view("dout", dout_), dq = view("dq", dq_), dk = view("dk", dk_), dv = view("dv", dv_);
+  const char* qlay = "[batch, seqlen_q, num_heads, head_dim]";
+  const char* klay = "[batch, seqlen_k, num_heads_k, head_dim]";
+  expect_ndim(q, 4, qlay);
+  expect_ndim(k, 4, klay);
+  expect_ndim(v, 4, klay);
+  const int64_t B = q.shape[0], Sq = q.shape[1], H = q.shape[2], D = q.shape[3];
+  const int64_t Sk = k.shape[1], Hk = k.shape[2];
+  expect_shape(k, {B, Sk, Hk, D}, klay);
+  expect_shape(v, {B, Sk, Hk, D}, klay);
+  expect_shape(out, {B, Sq, H, D}, qlay);
+  expect_shape(dout, {B, Sq, H, D}, qlay);
+  expect_shape(dq, {B, Sq, H, D}, qlay);
+  expect_shape(dk, {B, Sk, Hk, D}, klay);
+  expect_shape(dv, {B, Sk, Hk, D}, klay);
+  expect_shape(lse, {B, H, Sq}, "[batch, num_heads, seqlen_q]");
+  const fm3_dtype dt = float_dtype(q);
+  for (const View* t : {&k, &v, &out, &dout, &dq, &dk, &dv})
+    if (float_dtype(*t) != dt) throw py::type_error(t->name + " must have q's dtype");
+  if (!(lse.t->dtype.code == kDLFloat && lse.t->dtype.bits == 32 && lse.t->dtype.lanes == 1))
+    throw py::type_error("lse must be float32");
+  for (const View* t : {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv}) expect_gpu(*t);
+  for (const View* t : {&q, &k, &v, &out, &dout, &dq, &dk, &dv})
+    if (t->strides[3] != 1) throw py::value_error(t->name + " must have a unit stride in head_dim");
+  if (!lse.contiguous()) throw py::value_error("lse must be contiguous");
+  // The C ABI shares strides: dout with out, dq with q, dk with k, dv with v.
+  const std::pair<const View*, const View*> same[] = {{&dout, &out}, {&dq, &q}, {&dk, &k}, {&dv, &v}};
+  for (const auto& pr : same)
+    if (pr.first->strides != pr.second->strides)
+      throw py::value_error(pr.first->name + " must have the same strides as " + pr.second->name);
+  if (H % Hk != 0)
+    throw py::value_error("num_heads (" + std::to_string(H) + ") must be a multiple of num_heads_k (" + std::to_string(Hk) + ")");
+  if (fm3_cuda_bwd_block_n(static_cast<int>(D)) == 0)
+    throw py::value_error("head_dim " + std::to_string(D) + " has no sm90 backward kernel (see yaml/kernel_configs.yaml)");
+  if (!(softmax_scale > 0)) throw py::value_error("softmax_scale must be > 0");
+
+  fm3_bwd_params bp{};
+  fm3_fwd_params& p = bp.fwd;
+  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = out.data();
+  p.softmax_lse = static_cast<float*>(lse.data());
+  p.q_batch_stride = q.strides[0]; p.q_row_stride = q.strides[1]; p.q_head_stride = q.strides[2];
+  p.k_batch_stride = k.strides[0]; p.k_row_stride = k.strides[1]; p.k_head_stride = k.strides[2];
+  p.v_batch_stride = v.strides[0]; p.v_row_stride = v.strides[1]; p.v_head_stride = v.strides[2];
+  p.o_batch_stride = out.strides[0]; p.o_row_stride = out.strides[1]; p.o_head_stride = out.strides[2];
+  p.batch = static_cast<int>(B); p.seqlen_q = static_cast<int>(Sq); p.seqlen_k = static_cast<int>(Sk);
+  p.num_heads = static_cast<int>(H); p.num_heads_k = static_cast<int>(Hk); p.head_dim = static_cast<int>(D);
+  p.softmax_scale = static_cast<float>(softmax_scale);
+  p.causal = causal ? 1 : 0;
+  p.dtype = dt;
+  p.stream = stream;
+  p.mask_heads = 1;
+  p.mask_cols = 0;
+  bp.dout = dout.data();
+  bp.dq = dq.data();
+  bp.dk = dk.data();
+  bp.dv = dv.data();
+  bp.deterministic = deterministic ? 1 : 0;
+
+  MaskArg sri_arg, bm_arg;
+  int64_t Hm = -1;
+  if (!sri_.is_none()) {
+    View s = view("startend_row_indices", sri_);
+    expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
+    Hm = s.shape[1];
+    const int64_t C = s.shape[3];
+    if (s.shape[0] != B || s.shape[2] != Sk)
+      throw py::value_error("startend_row_indices must have shape [batch=" + std::to_string(B) + ", mask_heads, seqlen_k=" +
+                            std::to_string(Sk) + ", C], got " + s.shape_str());
+    if (Hm != 1 && Hm != Hk && Hm != H)
+      throw py::value_error("startend_row_indices.shape[1] must be 1, num_heads_k or num_heads, got " + std::to_string(Hm));
+    if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
+      throw py::value_error(std::string("startend_row_indices.shape[3] must be ") + (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") +
+                            ", got " + std::to_string(C));
+    stage_mask(s, sri_arg, stream);
+    p.startend_row_indices = sri_arg.ptr;
+    p.mask_heads = static_cast<int>(Hm);
+    p.mask_cols = static_cast<int>(C);
+  }
+  if (!block_mask_.is_none()) {
+    View bmv = view("block_mask", block_mask_);
+    expect_ndim(bmv, 4, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
+    const int64_t want_h = Hm > 0 ? Hm : bmv.shape[1];
+    if (Hm < 0 && want_h != 1 && want_h != Hk && want_h != H)
+      throw py::value_error("block_mask.shape[1] must be 1, num_heads_k or num_heads");
+    expect_shape(bmv, {B, want_h, (Sq + 127) / 128, (Sk + 127) / 128}, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
+    stage_mask(bmv, bm_arg, stream);
+    p.block_mask = bm_arg.ptr;
+    p.mask_heads = static_cast<int>(want_h);
+  }
+  char err[1024] = {0};
+  if (fm3_cuda_bwd(&bp, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_bwd: ") + err);
+}
+
 void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, int block_n, uintptr_t stream_handle) {
   View s = view("startend_row_indices", sri_), o = view("out", out_);
   expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
@@ -251,4 +351,8 @@ PYBIND11_MODULE(_fm3_dlpack, m) {
   m.def("block_summary", &block_summary, py::arg("startend_row_indices"), py::arg("out"), py::arg("causal"),
         py::arg("seqlen_q"), py::arg("block_n"), py::arg("stream"));
   m.def("block_n", &fm3_cuda_block_n, py::arg("head_dim"));
+  m.def("bwd", &bwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("dout"),
+        py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("block_mask"),
+        py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"), py::arg("stream"));
+  m.def("bwd_block_n", &fm3_cuda_bwd_block_n, py::arg("head_dim"));
 }

@@ -30,6 +30,18 @@ int fm3_cuda_block_summary(const int32_t* startend_row_indices, int batch, int m
 /* The key-block width the forward kernel uses for a head dim (0 if none). */
 int fm3_cuda_block_n(int head_dim);
 
+/* Backward attention (flash_bwd_launch.cu): p->fwd holds q, k, v, out,
+ * softmax_lse (natural log, as fm3_cuda_fwd writes it) and the mask; dout, dq,
+ * dk, dv are device pointers sharing out's, q's, k's, v's strides. dq, dk, dv
+ * are fully written (0 where no visible pair contributes). deterministic != 0
+ * computes dQ in a row-parallel pass without atomics (bitwise repeatable). The
+ * workspace (fp32 dQ accumulator, row statistics, block summary) is allocated
+ * stream-ordered and freed on p->fwd.stream. */
+int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
+
+/* The key-block width (columns per CTA) the backward kernel uses (0 if none). */
+int fm3_cuda_bwd_block_n(int head_dim);
+
 /* Small helpers so bindings without their own CUDA runtime can stage host
  * masks: stream-ordered device allocation, host->device copy, free. */
 int fm3_cuda_upload(const void* host, size_t bytes, void* stream, void** dev_out, char* err,

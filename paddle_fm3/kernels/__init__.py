@@ -18,7 +18,7 @@ import importlib
 import numbers
 from typing import Optional
 
-__all__ = ["flashmask_fwd", "block_summary", "block_n", "available"]
+__all__ = ["flashmask_fwd", "flashmask_bwd", "block_summary", "block_n", "bwd_block_n", "available"]
 
 _EXT = None
 
@@ -108,6 +108,69 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
             raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
         startend_row_indices = masks.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
     _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, causal, float(softmax_scale), int(stream))
+
+
+def bwd_block_n(head_dim: int) -> int:
+    """Key-block width (columns per CTA) of the backward kernel for ``head_dim``; 0 if unsupported."""
+    return int(_ext().bwd_block_n(int(head_dim)))
+
+
+def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,
+                  softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
+                  deterministic: bool = False, stream: int = 0) -> None:
+    """FlashMask attention backward on the GPU, written into caller-allocated ``dq``, ``dk``, ``dv``.
+
+    Column-parallel FlashAttention-2 backward (Dao, 2023, Alg. 2) with FlashMask block skipping
+    (Wang et al., arXiv:2410.01359, section 4.2): fully masked (query tile, key block) pairs are
+    never loaded, partial ones are masked per element, dK/dV accumulate on chip (summed over the
+    query heads of a GQA group), dQ in fp32 through atomics (or, with ``deterministic=True``, in a
+    row-parallel pass without atomics, bitwise repeatable).
+
+    Args:
+        q, k, v, startend_row_indices, causal, softmax_scale, window_size, block_mask, stream: as
+            in :func:`flashmask_fwd` (the same values the forward ran with).
+        out: ``[B, S_q, H, D]`` forward output (q's dtype).
+        lse: float32 contiguous ``[B, H, S_q]`` forward log-sum-exp (natural log; ``-inf`` for rows
+            with no visible key, whose gradients are 0).
+        dout: ``[B, S_q, H, D]`` gradient of the loss w.r.t. ``out``; same strides as ``out``.
+        dq: ``[B, S_q, H, D]``, written; same strides as ``q``.
+        dk, dv: ``[B, S_k, H_k, D]``, written; same strides as ``k`` / ``v``.
+        deterministic: order the dQ accumulation (bitwise repeatable, slower).
+
+    Raises:
+        TypeError: non-tensor argument, wrong dtype, non-bool ``causal``/``deterministic``.
+        ValueError: shapes, strides, devices, head_dim or scale out of contract.
+        RuntimeError: a CUDA error from the kernel launch.
+    """
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or stream < 0:
+        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
+    qs = _shape("q", q)
+    if len(qs) != 4:
+        raise ValueError(f"q must be 4-D [batch, seqlen_q, num_heads, head_dim], got shape {list(qs)}")
+    for name, x in (("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk),
+                    ("dv", dv)):
+        _shape(name, x)
+    if softmax_scale is None:
+        softmax_scale = qs[3] ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
+    if window_size is not None:
+        if startend_row_indices is not None:
+            raise ValueError("pass either startend_row_indices or window_size, not both")
+        from .. import masks  # numpy only
+
+        ks = _shape("k", k)
+        if len(ks) != 4:
+            raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
+        startend_row_indices = masks.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
+    _ext().bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, causal,
+               float(softmax_scale), deterministic, int(stream))
 
 
 def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, block_n: int,

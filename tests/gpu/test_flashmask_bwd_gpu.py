@@ -1,0 +1,275 @@
+"""Hopper backward kernel vs the float64 numpy reference (paddle_fm3.reference.attention_backward).
+
+dq, dk, dv are checked element-wise: max |kernel - ref| / max(|ref|, 1) <= 2e-3 (fp16) / 1e-2 (bf16).
+out and lse fed to the backward come from the float64 reference forward (rounded to the kernel's
+dtypes), so these tests do not depend on the forward kernel, except test_fwd_bwd_chain.
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+from paddle_fm3 import kernels, masks, reference
+
+torch = pytest.importorskip("torch")
+from fm3_gpu_util import DTYPES, make_qkv  # noqa: E402
+
+FAMILIES = sorted(masks.FAMILIES)
+HEAD_DIMS = (64, 128, 256)
+BWD_TOL = {"bf16": 1e-2, "fp16": 2e-3}
+
+
+def family_mask(name, s, seed, batch=1, num_heads=1):
+    fm = masks.FAMILIES[name](s, np.random.default_rng(seed), batch=batch, num_heads=num_heads)
+    return np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32), fm.causal
+
+
+def rel_err(x, ref):
+    """max |x - ref| / max(|ref|, 1), element-wise, in float64."""
+    x = x.double().cpu().numpy()
+    return float(np.max(np.abs(x - ref) / np.maximum(np.abs(ref), 1.0))) if ref.size else 0.0
+
+
+def run_bwd(q, k, v, out, lse, do, sri_dev, causal, *, deterministic=False, poison=True, **kw):
+    fill = float("nan") if poison else 0.0
+    dq = torch.full_like(q, fill)
+    dk = torch.full_like(k, fill)
+    dv = torch.full_like(v, fill)
+    kernels.flashmask_bwd(q, k, v, out, lse, do, sri_dev, dq, dk, dv, causal=causal,
+                          deterministic=deterministic, **kw)
+    torch.cuda.synchronize()
+    return dq, dk, dv
+
+
+def check_bwd(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_mask=None, window_size=None,
+              deterministic=False, seed=0):
+    """Run the backward on reference out/lse and a random dout; compare dq, dk, dv with float64."""
+    b, sq, h, d = q.shape
+    sk = k.shape[1]
+    ref_sri = sri_np
+    if window_size is not None:
+        ref_sri = masks.window_to_startend(window_size, sq, sk, b, causal)
+    qn, kn, vn = (x.float().cpu().numpy() for x in (q, k, v))
+    ro, rl = reference.attention_forward(qn, kn, vn, ref_sri, causal=causal, softmax_scale=softmax_scale,
+                                         block_mask=block_mask)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    do = torch.randn(q.shape, device="cuda", dtype=torch.float32, generator=g).to(q.dtype)
+    out = torch.from_numpy(ro).cuda().to(q.dtype)
+    lse = torch.from_numpy(rl).cuda().float().contiguous()
+    rdq, rdk, rdv = reference.attention_backward(qn, kn, vn, do.float().cpu().numpy(), ref_sri, causal=causal,
+                                                 softmax_scale=softmax_scale, block_mask=block_mask)
+    sri_dev = None if sri_np is None else torch.from_numpy(sri_np).cuda()
+    bm_dev = None if block_mask is None else torch.from_numpy(block_mask).cuda()
+    dq, dk, dv = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=deterministic,
+                         softmax_scale=softmax_scale, block_mask=bm_dev, window_size=window_size)
+    for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert not torch.isnan(x).any(), f"NaN (or unwritten element) in {name}"
+    errs = {"dq": rel_err(dq, rdq), "dk": rel_err(dk, rdk), "dv": rel_err(dv, rdv)}
+    tol = BWD_TOL[dtype_name]
+    assert all(e <= tol for e in errs.values()), f"errors {errs} > {tol}"
+    empty = ~np.isfinite(rl)  # [B, H, S_q]: fully masked rows -> dq rows exactly 0
+    if empty.any():
+        rows = dq.permute(0, 2, 1, 3)[torch.from_numpy(empty).cuda()]
+        assert torch.all(rows == 0), "fully masked rows must have dq == 0"
+    return errs, (dq, dk, dv), (out, lse, do)
+
+
+# All 12 families x head dims x dtypes, odd length 129, GQA (4 query heads on 2 kv heads), batch 2.
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_families(family, d, dtype):
+    seed = zlib.crc32(repr(("bwd", family, d, dtype)).encode())
+    sri, causal = family_mask(family, 129, seed, batch=2)
+    q, k, v = make_qkv(2, 129, 129, 4, 2, d, DTYPES[dtype], seed)
+    check_bwd(q, k, v, sri, causal, dtype, seed=seed)
+
+
+@pytest.mark.parametrize("s", [1, 127, 1000])
+@pytest.mark.parametrize("family", ["causal", "document", "global_sliding_window", "random_eviction",
+                                    "share_question", "qk_sparse"])
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
+def test_lengths(family, s, d, dtype):
+    seed = zlib.crc32(repr(("bwd", family, s, d)).encode())
+    sri, causal = family_mask(family, s, seed)
+    q, k, v = make_qkv(1, s, s, 2, 1, d, DTYPES[dtype], seed)
+    check_bwd(q, k, v, sri, causal, dtype, seed=seed)
+
+
+def test_long_d256():
+    sri, causal = family_mask("causal_document", 777, 5)
+    q, k, v = make_qkv(1, 777, 777, 2, 1, 256, DTYPES["bf16"], 6)
+    check_bwd(q, k, v, sri, causal, "bf16", seed=6)
+
+
+@pytest.mark.parametrize("sq,sk", [(200, 333), (333, 200), (1, 129), (129, 1)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_seqlen_q_ne_k_no_mask(sq, sk, causal):
+    q, k, v = make_qkv(2, sq, sk, 4, 4, 128, DTYPES["fp16"], sq * 7 + sk)
+    check_bwd(q, k, v, None, causal, "fp16", seed=sq + sk)
+
+
+@pytest.mark.parametrize("sq,sk,causal,c", [(200, 333, True, 2), (333, 200, True, 1), (200, 333, False, 4),
+                                            (333, 200, False, 2)])
+def test_seqlen_q_ne_k_random_bounds(sq, sk, causal, c):
+    rng = np.random.default_rng(sq * sk + c)
+    a = np.sort(rng.integers(0, sq + 1, size=(1, 2, sk, 2)), axis=-1)
+    if c == 1:
+        sri = a[..., 1:2]
+    elif c == 2 and causal:
+        sri = a
+    elif c == 2:
+        sri = np.stack([a[..., 1], a[..., 0]], axis=-1)  # LTS >= UTE
+    else:
+        b = np.sort(rng.integers(0, sq + 1, size=(1, 2, sk, 2)), axis=-1)
+        sri = np.concatenate([a, b], axis=-1)
+    sri = np.ascontiguousarray(sri, dtype=np.int32)
+    q, k, v = make_qkv(1, sq, sk, 4, 2, 128, DTYPES["bf16"], sq + 3 * sk)
+    check_bwd(q, k, v, sri, causal, "bf16", seed=c)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_window(causal):
+    q, k, v = make_qkv(1, 300, 333, 4, 2, 64, DTYPES["bf16"], 21)
+    check_bwd(q, k, v, None, causal, "bf16", window_size=(37, 11), seed=21)
+
+
+@pytest.mark.parametrize("mask_heads", ["1", "hk", "h"])
+def test_gqa_mask_heads(mask_heads):
+    h, hk = 8, 2
+    hm = {"1": 1, "hk": hk, "h": h}[mask_heads]
+    parts = [family_mask("causal_document", 300, 10 + i)[0] for i in range(hm)]
+    sri = np.ascontiguousarray(np.concatenate(parts, axis=1))
+    q, k, v = make_qkv(1, 300, 300, h, hk, 128, DTYPES["bf16"], 5)
+    check_bwd(q, k, v, sri, True, "bf16", seed=5)
+
+
+def test_mqa():
+    sri, causal = family_mask("prefix_lm_document", 513, 3)
+    q, k, v = make_qkv(1, 513, 513, 8, 1, 64, DTYPES["fp16"], 8)
+    check_bwd(q, k, v, sri, causal, "fp16", seed=8)
+
+
+def test_softmax_scale():
+    sri, causal = family_mask("document", 257, 1)
+    q, k, v = make_qkv(1, 257, 257, 2, 2, 128, DTYPES["fp16"], 9)
+    check_bwd(q, k, v, sri, causal, "fp16", softmax_scale=0.03, seed=9)
+
+
+@pytest.mark.parametrize("family", ["full", "causal", "global_sliding_window"])
+def test_block_mask(family):
+    s = 700
+    sri, causal = family_mask(family, s, 4)
+    nb = -(-s // 128)
+    rng = np.random.default_rng(11)
+    bm = np.ascontiguousarray(rng.integers(0, 2, size=(1, 1, nb, nb)), dtype=np.int32)
+    bm[0, 0, 2, :] = 0  # a fully dropped row of blocks: rows with no visible key
+    q, k, v = make_qkv(1, s, s, 2, 1, 128, DTYPES["bf16"], 12)
+    check_bwd(q, k, v, sri, causal, "bf16", block_mask=bm, seed=12)
+
+
+def test_block_mask_without_sri():
+    s = 300
+    nb = -(-s // 128)
+    bm = np.ones((1, 1, nb, nb), dtype=np.int32)
+    bm[0, 0, 1, 0] = 0
+    q, k, v = make_qkv(1, s, s, 2, 2, 64, DTYPES["bf16"], 13)
+    check_bwd(q, k, v, None, False, "bf16", block_mask=bm, seed=13)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fully_masked_rows(causal):
+    s = 333
+    rng = np.random.default_rng(2)
+    if causal:
+        sri = np.zeros((1, 1, s, 2), dtype=np.int32)
+        sri[..., 0] = 100
+        sri[..., 1] = 250
+    else:
+        sri = np.zeros((1, 1, s, 4), dtype=np.int32)
+        sri[..., 0] = 40
+        sri[..., 1] = 170
+        sri[..., 2] = rng.integers(0, 20, size=s)
+        sri[..., 3] = sri[..., 2] + 5
+    q, k, v = make_qkv(1, s, s, 2, 1, 256, DTYPES["fp16"], 14)
+    check_bwd(q, k, v, sri, causal, "fp16", seed=14)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_deterministic(d):
+    """deterministic=True: bitwise repeatable, within tolerance, and dk/dv equal to the atomic mode's."""
+    sri, causal = family_mask("causal_document", 700, 31)
+    q, k, v = make_qkv(1, 700, 700, 4, 2, d, DTYPES["bf16"], 31)
+    _, (dq1, dk1, dv1), (out, lse, do) = check_bwd(q, k, v, sri, causal, "bf16", deterministic=True, seed=31)
+    sri_dev = torch.from_numpy(sri).cuda()
+    for _ in range(2):
+        dq2, dk2, dv2 = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=True)
+        assert torch.equal(dq1, dq2) and torch.equal(dk1, dk2) and torch.equal(dv1, dv2)
+    dqa, dka, dva = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=False)
+    assert torch.equal(dk1, dka) and torch.equal(dv1, dva)
+    assert (dq1.float() - dqa.float()).abs().max().item() <= 1e-2 * max(1.0, dq1.float().abs().max().item())
+
+
+def test_fwd_bwd_chain():
+    """Forward kernel -> backward kernel, checked against the float64 reference."""
+    sri, causal = family_mask("share_question", 513, 41)
+    q, k, v = make_qkv(1, 513, 513, 4, 2, 128, DTYPES["bf16"], 41)
+    out = torch.empty_like(q)
+    lse = torch.empty(1, 4, 513, device="cuda")
+    sri_dev = torch.from_numpy(sri).cuda()
+    kernels.flashmask_fwd(q, k, v, sri_dev, out, lse, causal=causal)
+    do = torch.randn_like(q)
+    dq, dk, dv = run_bwd(q, k, v, out, lse, do, sri_dev, causal)
+    qn, kn, vn = (x.float().cpu().numpy() for x in (q, k, v))
+    rdq, rdk, rdv = reference.attention_backward(qn, kn, vn, do.float().cpu().numpy(), sri, causal=causal)
+    for x, r in ((dq, rdq), (dk, rdk), (dv, rdv)):
+        assert rel_err(x, r) <= BWD_TOL["bf16"]
+
+
+def test_strided_packed_qkv():
+    """q/k/v views into one packed tensor; dq/dk/dv views into a packed gradient of the same layout."""
+    s, h, d = 257, 4, 64
+    qkv = torch.randn(1, s, 3 * h, d, device="cuda").to(torch.bfloat16)
+    q, k, v = qkv[:, :, :h], qkv[:, :, h:2 * h], qkv[:, :, 2 * h:]
+    sri, causal = family_mask("document", s, 6)
+    qn, kn, vn = (x.float().cpu().numpy() for x in (q, k, v))
+    ro, rl = reference.attention_forward(qn, kn, vn, sri, causal=causal)
+    out = torch.from_numpy(ro).cuda().to(torch.bfloat16)
+    lse = torch.from_numpy(rl).cuda().float()
+    do = torch.randn_like(out)
+    dqkv = torch.full_like(qkv, float("nan"))
+    dq, dk, dv = dqkv[:, :, :h], dqkv[:, :, h:2 * h], dqkv[:, :, 2 * h:]
+    kernels.flashmask_bwd(q, k, v, out, lse, do, torch.from_numpy(sri).cuda(), dq, dk, dv, causal=causal)
+    torch.cuda.synchronize()
+    rdq, rdk, rdv = reference.attention_backward(qn, kn, vn, do.float().cpu().numpy(), sri, causal=causal)
+    for x, r in ((dq, rdq), (dk, rdk), (dv, rdv)):
+        assert rel_err(x, r) <= BWD_TOL["bf16"]
+
+
+def test_bad_arguments():
+    q, k, v = make_qkv(1, 64, 64, 2, 2, 64, torch.bfloat16, 0)
+    out, do = torch.zeros_like(q), torch.zeros_like(q)
+    lse = torch.zeros(1, 2, 64, device="cuda")
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    with pytest.raises(TypeError):
+        kernels.flashmask_bwd(q, k, v, out, lse, do.float(), None, dq, dk, dv, causal=True)
+    with pytest.raises(TypeError):
+        kernels.flashmask_bwd(q, k, v, out, lse, do, None, dq, dk, dv, causal=1)
+    with pytest.raises(TypeError):
+        kernels.flashmask_bwd(q, k, v, out, lse, do, None, dq, dk, dv, causal=True, deterministic=1)
+    with pytest.raises(TypeError):
+        kernels.flashmask_bwd(q, k, v, out, lse.double(), do, None, dq, dk, dv, causal=True)
+    with pytest.raises(ValueError):
+        kernels.flashmask_bwd(q, k, v, out, lse, do, None, dq, dk[:, :32], dv, causal=True)
+    with pytest.raises(ValueError):
+        kernels.flashmask_bwd(q, k, v, out, lse[:, :1], do, None, dq, dk, dv, causal=True)
+    with pytest.raises(ValueError):  # dq must share q's strides
+        kernels.flashmask_bwd(q, k, v, out, lse, do, None, torch.empty(1, 2, 64, 64, device="cuda",
+                              dtype=torch.bfloat16).transpose(1, 2), dk, dv, causal=True)
+    with pytest.raises(ValueError):
+        kernels.flashmask_bwd(q, k, v, out, lse, do, None, dq, dk, dv, causal=True, softmax_scale=-1.0)
+    bad = torch.zeros(1, 1, 64, 4, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError):
+        kernels.flashmask_bwd(q, k, v, out, lse, do, bad, dq, dk, dv, causal=True)  # C=4 needs causal=False
+    with pytest.raises(ValueError):
+        kernels.flashmask_bwd(q.cpu(), k, v, out, lse, do, None, dq, dk, dv, causal=True)
