@@ -194,7 +194,7 @@ __device__ __forceinline__ void compute_s_dp(const T* sQ, const T* sdO, const T*
   for (int j = 0; j < Tr::kATiles; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.f;
-#pragma unroll
+#pragma unroll 1  // k steps rolled: keeps the fragments of one step live, not all
   for (int ks = 0; ks < D / 16; ++ks) {
     uint32_t aq[4], ado[4];
     const int arow = wm * 16 + (lane % 8) + ((lane / 8) % 2) * 8, achunk = ks * 2 + lane / 16;
@@ -273,7 +273,7 @@ __device__ __forceinline__ void update_dk_dv(const T* sP, const T* sdS, const T*
   constexpr int D = Tr::kHeadDim, N = Tr::kBlockN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wn = warp % Tr::kCWarpsN, wd = warp / Tr::kCWarpsN;
-#pragma unroll
+#pragma unroll 1  // k steps rolled: keeps the fragments of one step live, not all
   for (int ks = 0; ks < Tr::kBlockM / 16; ++ks) {
     // A = P^T (keys x queries) read transposed from P [queries][keys]
     uint32_t ap[4], ads[4];
@@ -301,7 +301,7 @@ __device__ __forceinline__ void accumulate_dq(const T* sdS, const T* sK, float (
   constexpr int D = Tr::kHeadDim, N = Tr::kBlockN;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp % (Tr::kBlockM / 16), wd = warp / (Tr::kBlockM / 16);
-#pragma unroll
+#pragma unroll 1  // k steps rolled: keeps the fragments of one step live, not all
   for (int ks = 0; ks < N / 16; ++ks) {
     uint32_t a4[4];
     const int arow = wm * 16 + (lane % 8) + ((lane / 8) % 2) * 8, achunk = ks * 2 + lane / 16;
