@@ -15,6 +15,7 @@
 #include "fm3/mask.h"
 #include "fm3/params.h"
 #include "fm3_generated_config.h"
+#include "gemm.h"
 #include "numeric.h"
 
 namespace fm3::cpu {
@@ -25,17 +26,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// y[0:n] += a * x[0:n]; the loop the compiler vectorizes for every matmul here.
-inline void axpy(float* __restrict y, const float* __restrict x, float a, int n) {
-  for (int t = 0; t < n; ++t) y[t] += a * x[t];
-}
-
-inline float dot(const float* __restrict x, const float* __restrict y, int n) {
-  float acc = 0.f;
-  for (int t = 0; t < n; ++t) acc += x[t] * y[t];
-  return acc;
-}
 
 // Copy rows [r0, r0+n) of one head into dst[n][d] as fp32, times `scale`.
 template <typename T>
@@ -57,11 +47,19 @@ void load_rows_t(const T* base, int64_t row_stride, int r0, int n, int d, float*
 }
 
 // c[m][n] = a[m][d] * bt[d][n]
-void gemm_abt(const float* a, const float* bt, int m, int n, int d, float* c) {
+inline void gemm_abt(const float* a, const float* bt, int m, int n, int d, float* c) {
   std::fill(c, c + static_cast<size_t>(m) * n, 0.f);
-  for (int i = 0; i < m; ++i)
-    for (int t = 0; t < d; ++t) axpy(c + i * n, bt + t * n, a[i * d + t], n);
+  gemm_acc(a, d, bt, n, c, n, m, n, d);
 }
+
+// Work item w of a parallel loop over (outer, mid, inner) in row-major order.
+struct WorkIndex {
+  int outer, mid, inner;
+  WorkIndex(int64_t w, int n_mid, int n_inner)
+      : outer(static_cast<int>(w / (static_cast<int64_t>(n_mid) * n_inner))),
+        mid(static_cast<int>((w / n_inner) % n_mid)),
+        inner(static_cast<int>(w % n_inner)) {}
+};
 
 // The mask of one (batch, mask head) and its block summary.
 struct MaskView {
@@ -137,8 +135,8 @@ void forward(const fm3_fwd_params& p) {
     std::vector<float> q(BM * D), o(BM * D), s(BM * BN), kt(D * BN), v(BN * D), row_max(BM), row_sum(BM);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < n_work; ++w) {
-      const int mt = static_cast<int>(w % n_mtiles), h = static_cast<int>((w / n_mtiles) % p.num_heads);
-      const int b = static_cast<int>(w / (static_cast<int64_t>(n_mtiles) * p.num_heads));
+      const WorkIndex wi(w, p.num_heads, n_mtiles);
+      const int b = wi.outer, h = wi.mid, mt = wi.inner;
       const int m0 = mt * BM, m1 = std::min(m0 + BM, p.seqlen_q), M = m1 - m0;
       const MaskView& mask = plan.view(b, heads.mask(h));
       const T* qh = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride;
@@ -157,25 +155,24 @@ void forward(const fm3_fwd_params& p) {
         gemm_abt(q.data(), kt.data(), M, N, D, s.data());
         if (cls == kPartial) mask.apply(s.data(), m0, M, n0, N, kNegInf);
         load_rows(vh, p.v_row_stride, n0, N, D, 1.f, v.data());
-        for (int i = 0; i < M; ++i) {
+        for (int i = 0; i < M; ++i) {  // online softmax; s becomes P (unnormalized)
           float* si = s.data() + i * N;
           float mx = row_max[i];
           for (int j = 0; j < N; ++j) mx = std::max(mx, si[j]);
-          if (mx == kNegInf) continue;  // nothing visible yet in this row
-          const float alpha = std::exp2(row_max[i] - mx);
-          float sum = 0.f;
-          for (int j = 0; j < N; ++j) {
-            si[j] = std::exp2(si[j] - mx);
-            sum += si[j];
+          if (mx == kNegInf) {  // nothing visible yet in this row
+            std::fill(si, si + N, 0.f);
+            continue;
           }
+          const float alpha = std::exp2(row_max[i] - mx);
+          exp2_shifted(si, N, mx);
+          float sum = 0.f;
+          for (int j = 0; j < N; ++j) sum += si[j];
           row_sum[i] = row_sum[i] * alpha + sum;
           row_max[i] = mx;
-          float* oi = o.data() + i * D;
           if (alpha != 1.f)
-            for (int t = 0; t < D; ++t) oi[t] *= alpha;
-          for (int j = 0; j < N; ++j)
-            if (si[j] != 0.f) axpy(oi, v.data() + j * D, si[j], D);
+            for (int t = 0; t < D; ++t) o[i * D + t] *= alpha;
         }
+        gemm_acc(s.data(), N, v.data(), D, o.data(), D, M, D, N);  // O += P V
       }
 
       T* oh = static_cast<T*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
@@ -207,7 +204,8 @@ struct TileGrad {
         std::fill(si, si + N, 0.f);
         continue;
       }
-      for (int j = 0; j < N; ++j) si[j] = std::exp2(si[j] * scale_log2 - lse2[i]);
+      for (int j = 0; j < N; ++j) si[j] *= scale_log2;
+      exp2_shifted(si, N, lse2[i]);
     }
     if (cls == kPartial) mask.apply(s.data(), m0, M, n0, N, 0.f);
     gemm_abt(dout, vt, M, N, D, dp.data());
@@ -255,12 +253,12 @@ void backward(const fm3_bwd_params& bp) {
   const int64_t n_cols_work = static_cast<int64_t>(p.batch) * p.num_heads_k * n_nblocks;
 #pragma omp parallel
   {
-    std::vector<float> kt(D * BN), vt(D * BN), q(BM * D), g(BM * D), dk(BN * D), dv(BN * D);
+    std::vector<float> kt(D * BN), vt(D * BN), q(BM * D), g(BM * D), dk(BN * D), dv(BN * D), pt(BN * BM);
     TileGrad tg(BM, BN);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < n_cols_work; ++w) {
-      const int nb = static_cast<int>(w % n_nblocks), hk = static_cast<int>((w / n_nblocks) % p.num_heads_k);
-      const int b = static_cast<int>(w / (static_cast<int64_t>(n_nblocks) * p.num_heads_k));
+      const WorkIndex wi(w, p.num_heads_k, n_nblocks);
+      const int b = wi.outer, hk = wi.mid, nb = wi.inner;
       const int n0 = nb * BN, N = std::min(n0 + BN, p.seqlen_k) - n0;
       const T* kh = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
       const T* vh = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
@@ -279,12 +277,10 @@ void backward(const fm3_bwd_params& bp) {
           const int64_t r0 = row_index(b, h, m0);
           tg.compute(q.data(), kt.data(), vt.data(), g.data(), lse2.data() + r0, delta.data() + r0,
                      M, N, D, scale_log2, mask, cls, m0, n0);
-          for (int i = 0; i < M; ++i)
-            for (int j = 0; j < N; ++j) {
-              const float pij = tg.p()[i * N + j], dsij = tg.ds()[i * N + j];
-              if (pij != 0.f) axpy(dv.data() + j * D, g.data() + i * D, pij, D);
-              if (dsij != 0.f) axpy(dk.data() + j * D, q.data() + i * D, dsij, D);
-            }
+          transpose(tg.p(), M, N, pt.data());
+          gemm_acc(pt.data(), M, g.data(), D, dv.data(), D, N, D, M);  // dV += P^T dO
+          transpose(tg.ds(), M, N, pt.data());
+          gemm_acc(pt.data(), M, q.data(), D, dk.data(), D, N, D, M);  // dK += dS^T Q
         }
       }
       T* dkh = static_cast<T*>(bp.dk) + b * p.k_batch_stride + hk * p.k_head_stride;
@@ -305,8 +301,8 @@ void backward(const fm3_bwd_params& bp) {
     TileGrad tg(BM, BN);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < n_rows_work; ++w) {
-      const int mt = static_cast<int>(w % n_mtiles), h = static_cast<int>((w / n_mtiles) % p.num_heads);
-      const int b = static_cast<int>(w / (static_cast<int64_t>(n_mtiles) * p.num_heads));
+      const WorkIndex wi(w, p.num_heads, n_mtiles);
+      const int b = wi.outer, h = wi.mid, mt = wi.inner;
       const int m0 = mt * BM, m1 = std::min(m0 + BM, p.seqlen_q), M = m1 - m0;
       const MaskView& mask = plan.view(b, heads.mask(h));
       const T* kh = static_cast<const T*>(p.k) + b * p.k_batch_stride + heads.kv(h) * p.k_head_stride;
@@ -324,11 +320,7 @@ void backward(const fm3_bwd_params& bp) {
         load_rows(kh, p.k_row_stride, n0, N, D, 1.f, kr.data());
         tg.compute(q.data(), kt.data(), vt.data(), g.data(), lse2.data() + r0, delta.data() + r0,
                    M, N, D, scale_log2, mask, cls, m0, n0);
-        for (int i = 0; i < M; ++i)
-          for (int j = 0; j < N; ++j) {
-            const float dsij = tg.ds()[i * N + j];
-            if (dsij != 0.f) axpy(dq.data() + i * D, kr.data() + j * D, dsij, D);
-          }
+        gemm_acc(tg.ds(), N, kr.data(), D, dq.data(), D, M, D, N);  // dQ += dS K
       }
       T* dqh = static_cast<T*>(bp.dq) + b * p.q_batch_stride + h * p.q_head_stride;
       for (int i = 0; i < M; ++i)
