@@ -82,8 +82,9 @@ def check_bwd(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_
                                          block_mask=block_mask)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     do = torch.randn(q.shape, device="cuda", dtype=torch.float32, generator=g).to(q.dtype)
-    out = torch.from_numpy(ro).cuda().to(q.dtype)
-    lse = torch.from_numpy(rl).cuda().float().contiguous()
+    # numpy einsum may return strided arrays; the C ABI wants dout to share out's strides
+    out = torch.from_numpy(np.ascontiguousarray(ro)).cuda().to(q.dtype)
+    lse = torch.from_numpy(np.ascontiguousarray(rl)).cuda().float()
     rdq, rdk, rdv = reference.attention_backward(qn, kn, vn, do.float().cpu().numpy(), ref_sri, causal=causal,
                                                  softmax_scale=softmax_scale, block_mask=block_mask)
     sri_dev = None if sri_np is None else torch.from_numpy(sri_np).cuda()
@@ -260,8 +261,8 @@ def test_strided_packed_qkv():
     sri, causal = family_mask("document", s, 6)
     qn, kn, vn = (x.float().cpu().numpy() for x in (q, k, v))
     ro, rl = reference.attention_forward(qn, kn, vn, sri, causal=causal)
-    out = torch.from_numpy(ro).cuda().to(torch.bfloat16)
-    lse = torch.from_numpy(rl).cuda().float()
+    out = torch.from_numpy(np.ascontiguousarray(ro)).cuda().to(torch.bfloat16)
+    lse = torch.from_numpy(np.ascontiguousarray(rl)).cuda().float()
     do = torch.randn_like(out)
     dqkv = torch.full_like(qkv, float("nan"))
     dq, dk, dv = dqkv[:, :, :h], dqkv[:, :, h:2 * h], dqkv[:, :, 2 * h:]
