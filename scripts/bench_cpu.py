@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import importlib.util
 import pathlib
 import platform
 import shlex
@@ -35,7 +36,7 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
+if importlib.util.find_spec("paddle_fm3") is None:  # not installed: use this checkout
     sys.path.insert(0, str(ROOT))
 
 import paddle  # noqa: E402

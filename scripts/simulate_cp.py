@@ -15,13 +15,15 @@ machine's CPU with the real ``build_layout``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+if importlib.util.find_spec("paddle_fm3") is None:  # not installed: use this checkout
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from paddle_fm3 import block_classify, masks  # noqa: E402
 from paddle_fm3.distributed.balance import hcc_ipo  # noqa: E402

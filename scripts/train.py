@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import importlib.util
 import pathlib
 import sys
 import sysconfig
@@ -33,7 +34,7 @@ from typing import List, NamedTuple, Optional
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run from a checkout without installing
+if importlib.util.find_spec("paddle_fm3") is None:  # not installed: use this checkout
     sys.path.insert(0, str(ROOT))
 
 import paddle  # noqa: E402

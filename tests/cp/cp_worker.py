@@ -8,6 +8,7 @@ Assertions live in the pytest file; exceptions here are recorded, not raised, so
 finishes and nothing hangs on a mismatched collective.
 """
 
+import importlib.util
 import json
 import os
 import sys
@@ -17,7 +18,8 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+if importlib.util.find_spec("paddle_fm3") is None:  # not installed: use this checkout
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
 import paddle_fm3  # noqa: E402
 from paddle_fm3 import distributed as fm3dist  # noqa: E402
