@@ -3,7 +3,7 @@
 # the running python3 (on the GPU machine: its Python 3.12) and place
 # libfm3_cuda.so beside it. Needs pybind11 and a built libfm3_cuda.so (scripts/gpu_build.sh);
 # no Paddle, no CUDA toolkit (the module only calls the C ABI).
-#   scripts/build_dlpack_ext.sh [LIB_DIR=.devbuild]
+#   scripts/build_dlpack_ext.sh [LIB_DIR=.devbuild]     (FM3_DLPACK_SRC overrides the source file)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LIB="${1:-$ROOT/.devbuild}"
@@ -11,6 +11,6 @@ DST="$ROOT/paddle_fm3/kernels"
 SUFFIX="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
 cp "$LIB/libfm3_cuda.so" "$DST/libfm3_cuda.so"
 ${CXX:-c++} -O2 -std=c++17 -shared -fPIC $(python3 -m pybind11 --includes) \
-  -I"$ROOT/ops/include" -I"$ROOT/ops/hopper" "$ROOT/ops/dlpack/fm3_dlpack.cc" \
+  -I"$ROOT/ops/include" -I"$ROOT/ops/hopper" "${FM3_DLPACK_SRC:-$ROOT/ops/dlpack/fm3_dlpack.cc}" \
   -L"$DST" -lfm3_cuda -Wl,-rpath,'$ORIGIN' -o "$DST/_fm3_dlpack$SUFFIX"
 echo "built $DST/_fm3_dlpack$SUFFIX"

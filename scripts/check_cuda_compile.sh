@@ -23,7 +23,9 @@ fi
 CUOBJDUMP="${CUOBJDUMP:-$(command -v cuobjdump || true)}"
 if [ -n "$CUOBJDUMP" ]; then
   "$CUOBJDUMP" --list-elf "$OUT/libfm3_cuda.so" | grep -q sm_90a || { echo "check_cuda_compile: FAILED (no sm_90a ELF)"; exit 1; }
-  n=$("$CUOBJDUMP" --dump-sass "$OUT/libfm3_cuda.so" | grep -c "HMMA")
-  echo "check_cuda_compile: sm_90a SASS present, $n tensor-core (HMMA) instructions"
+  sass="$("$CUOBJDUMP" --dump-sass "$OUT/libfm3_cuda.so")"
+  n=$(grep -c "HMMA" <<< "$sass"); w=$(grep -c "HGMMA" <<< "$sass")
+  echo "check_cuda_compile: sm_90a SASS present, $n mma.sync (HMMA) and $w wgmma (HGMMA) instructions"
+  [ "$w" -gt 0 ] || { echo "check_cuda_compile: FAILED (no HGMMA: the WGMMA forward kernel is missing)"; exit 1; }
 fi
 echo "check_cuda_compile: OK"

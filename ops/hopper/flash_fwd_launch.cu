@@ -5,13 +5,24 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
 
 #include "block_summary.cuh"
 #include "fm3_cuda.h"
 #include "fm3_generated_config.h"
 #include "flash_fwd_kernel.cuh"
+#include "flash_fwd_wgmma.cuh"
+
+// FM3_NO_WGMMA=1 at compile time builds only the step-1 (mma.sync) kernel.
+#ifndef FM3_NO_WGMMA
+#define FM3_NO_WGMMA 0
+#endif
 
 namespace fm3::hopper {
 namespace {
@@ -47,6 +58,88 @@ int launch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) 
   return 0;
 }
 
+// ---- step 2: warp-specialized TMA + WGMMA kernel ---------------------------
+// Used for every sm90 config it covers (head_dim 64/128, block_m 64 per consumer
+// warpgroup, block_n 64/128); the step-1 kernel stays the fallback for the rest
+// (head_dim 256), for layouts TMA cannot describe, and when the environment
+// variable FM3_FWD_KERNEL=mma_sync asks for it.
+constexpr bool wgmma_covers(int hd, int bm, int bn, int wg) {
+  return !FM3_NO_WGMMA && (hd == 64 || hd == 128) && (bn == 64 || bn == 128) && bm == 64 * wg &&
+         (wg == 1 || wg == 2);
+}
+
+bool force_mma_sync() {  // read per call (cheap), so a test can switch paths in-process
+  const char* e = std::getenv("FM3_FWD_KERNEL");
+  return e != nullptr && std::strcmp(e, "mma_sync") == 0;
+}
+
+using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
+
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiledFn>(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// [batch, seqlen, heads, head_dim] (strides in elements) as a 4-D TMA map with a
+// 128-byte-swizzled box of 64 x box_rows (head dim innermost). False when TMA
+// cannot describe it.
+template <typename T>
+bool make_tma_map(CUtensorMap* map, const void* ptr, int head_dim, int seqlen, int heads, int batch, int64_t rs,
+                  int64_t hs, int64_t bs, int box_rows) {
+  EncodeTiledFn fn = encode_tiled();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seqlen),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  int64_t st[3] = {rs, hs, bs};
+  // A stride of a size-1 dimension is never used; make it one TMA accepts.
+  if (seqlen == 1) st[0] = head_dim;
+  if (heads == 1) st[1] = st[0] * seqlen;
+  if (batch == 1) st[2] = st[1] * heads;
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i) {
+    if (st[i] <= 0) return false;
+    strides[i] = static_cast<cuuint64_t>(st[i]) * sizeof(T);
+  }
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType dt =
+      sizeof(T) == 2 && std::is_same<T, __nv_bfloat16>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return fn(map, dt, 4, const_cast<void*>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// 0: launched; 1: error (message in err); -1: not applicable (use the fallback).
+template <typename T, int D, int BM, int BN, int ST>
+int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, size_t err_len) {
+  if (force_mma_sync()) return -1;
+  CUtensorMap mq, mk, mv;
+  if (!make_tma_map<T>(&mq, args.q, head_dim, args.seqlen_q, args.num_heads, args.batch, args.q_rs, args.q_hs,
+                       args.q_bs, BM) ||
+      !make_tma_map<T>(&mk, args.k, head_dim, args.seqlen_k, args.num_heads_k, args.batch, args.k_rs, args.k_hs,
+                       args.k_bs, BN) ||
+      !make_tma_map<T>(&mv, args.v, head_dim, args.seqlen_k, args.num_heads_k, args.batch, args.v_rs, args.v_hs,
+                       args.v_bs, BN))
+    return -1;
+  using Tr = sm90::WgTraits<T, D, BM, BN, ST>;
+  auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, BM, BN, ST>;
+  FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(Tr::kSmemBytes)));
+  const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
+  dim3 grid(n_mtiles, args.num_heads, args.batch);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv);
+  FM3_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
 int block_n_for(int head_dim) {
 #define FM3_X(hd, bm, bn, st, wg) \
   if (head_dim == hd) return bn;
@@ -60,6 +153,10 @@ int dispatch(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, 
 #define FM3_X(hd, bm, bn, st, wg)                                                     \
   if (head_dim == hd) {                                                               \
     static_assert(bm == 16 * 4 * wg, "block_m must be 64 rows per consumer warpgroup"); \
+    if constexpr (wgmma_covers(hd, bm, bn, wg)) {                                     \
+      const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, stream, err, err_len); \
+      if (rc >= 0) return rc;                                                         \
+    }                                                                                 \
     return launch<T, hd, bm, bn>(args, stream, err, err_len);                         \
   }
   FM3_SM90_CONFIGS(FM3_X)

@@ -47,11 +47,24 @@ struct TileMask {
   }
 };
 
+template <int kThreads, int kBarrier>
+__device__ __forceinline__ void sync_scheduler() {
+  if constexpr (kBarrier == 0) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(kBarrier), "n"(kThreads) : "memory");
+  }
+}
+
 // Classify key blocks [first, first + kThreads) and write the survivors, in
 // ascending block order, to list[0, count). All kThreads threads must call it;
-// it ends with a __syncthreads, after which list and the return value are valid
+// it ends with a barrier (see kBarrier), after which list and the return value are valid
 // in every thread. warp_counts: shared int[kThreads / 32].
-template <int kThreads>
+// kBarrier = 0 synchronizes with __syncthreads (all threads of the CTA take
+// part); kBarrier > 0 uses that named barrier, and only threads
+// [0, kThreads) of the CTA call it (the producer warpgroup of the
+// warp-specialized kernel).
+template <int kThreads, int kBarrier = 0>
 __device__ __forceinline__ int schedule_window(const TileMask& tm, int first, int* list,
                                                int* warp_counts) {
   constexpr int kWarps = kThreads / 32;
@@ -62,7 +75,7 @@ __device__ __forceinline__ int schedule_window(const TileMask& tm, int first, in
   const bool keep = c != kFullyMasked;
   const unsigned ballot = __ballot_sync(0xffffffffu, keep);
   if (lane == 0) warp_counts[warp] = __popc(ballot);
-  __syncthreads();
+  sync_scheduler<kThreads, kBarrier>();
   int offset = 0, total = 0;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) {
@@ -71,7 +84,7 @@ __device__ __forceinline__ int schedule_window(const TileMask& tm, int first, in
     total += n;
   }
   if (keep) list[offset + __popc(ballot & ((1u << lane) - 1u))] = BlockEntry::pack(nb, c == kPartial);
-  __syncthreads();
+  sync_scheduler<kThreads, kBarrier>();
   return total;
 }
 

@@ -181,3 +181,14 @@ def test_bad_arguments():
         kernels.flashmask_fwd(q, k, v, bad, out, lse, causal=True)  # C=4 needs causal=False
     with pytest.raises(TypeError):
         kernels.flashmask_fwd(q, k, v, bad.float(), out, lse, causal=False)
+
+
+# The step-1 mma.sync kernel stays the fallback for configs/layouts the WGMMA kernel does not take;
+# FM3_FWD_KERNEL=mma_sync forces it, so it keeps being checked at the head dims WGMMA now serves.
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
+def test_mma_sync_fallback(d, dtype, monkeypatch):
+    monkeypatch.setenv("FM3_FWD_KERNEL", "mma_sync")
+    for i, family in enumerate(["causal", "document", "random_eviction", "global_sliding_window"]):
+        sri, causal = family_mask(family, 333, 300 + i)
+        q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES[dtype], 400 + i)
+        check(q, k, v, sri, causal, dtype)

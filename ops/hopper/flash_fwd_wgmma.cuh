@@ -1,0 +1,406 @@
+// FlashMask forward, step 2 of the Hopper climb: warp-specialized TMA + WGMMA
+// (DESIGN.md "Hopper kernel shape"), built for sm_90a.
+//
+// One CTA = one (batch, head, query tile of kBlockM = 64 * kConsumerWGs rows),
+// 128 * (1 + kConsumerWGs) threads:
+//   warpgroup 0, the producer (setmaxnreg down to 40 registers): its four warps
+//     run the mask scheduler (mask_scheduler.cuh, on named barrier 1), which
+//     publishes the compacted list of surviving key blocks a window of 128
+//     blocks at a time; warp 0 walks that list and, per block, waits for a free
+//     stage of the kStages-deep shared-memory ring, copies the block's raw mask
+//     columns into the stage when the block is partial, writes the block's
+//     entry (index + partial tag) beside the stage, and issues the TMA loads of
+//     K and V (cp.async.bulk.tensor, 128-byte swizzle) completing on the
+//     stage's "full" mbarrier. An entry of -1 ends the list. Q is loaded once,
+//     on its own mbarrier.
+//   warpgroups 1..kConsumerWGs, the consumers (setmaxnreg up to 232): 64 query
+//     rows each. Per stage: S = Q K^T with wgmma.mma_async (A and B from shared
+//     memory, fp32 accumulators), scale into log2 units, per-element mask
+//     (fm3::visible) only when the entry is tagged partial, online softmax,
+//     P re-packed in registers as the A operand, O += P V with wgmma (A from
+//     registers, V from shared memory MN-major), then every consumer thread
+//     arrives on the stage's "empty" mbarrier to hand the stage back.
+// A row that sees no key writes 0 and lse -inf (as the step-1 kernel).
+// Query tiles are launched heaviest-first (the bottom tiles of causal-like
+// masks see the most keys).
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "flash_fwd_kernel.cuh"  // FwdArgs
+#include "fm3/mask.h"
+#include "mask_scheduler.cuh"
+#include "mma_sm80.cuh"  // Mma<T>::pack, fast_exp2, smem_u32
+#include "sm90_primitives.cuh"
+
+// Consumer loop variant (compile time):
+//   FM3_WGMMA_OVERLAP=0 (default): S GEMM, wait, softmax, P V GEMM, wait; the
+//     two consumer warpgroups overlap each other only through the warp
+//     schedulers. Measured H200, D=128, S=32K: 553 TFLOP/s full, 536 causal.
+//   FM3_WGMMA_OVERLAP=1: software-pipelined (P_{i-1} V_{i-1} in flight during the
+//     softmax of S_i) + ping-pong of the two warpgroups on named barriers.
+//     Correct (all GPU tests, memcheck/racecheck clean) but 306 TFLOP/s full:
+//     with one barrier per K+V stage and 2 stages, a stage is freed only after
+//     the next block's softmax, so the producer runs one block ahead at most and
+//     the TMA latency is exposed. Needs separate K and V barriers (K freed right
+//     after S_i) before it can pay off (FA3's layout).
+#ifndef FM3_WGMMA_OVERLAP
+#define FM3_WGMMA_OVERLAP 0
+#endif
+
+namespace fm3::hopper::sm90 {
+
+constexpr bool kWgmmaOverlap = FM3_WGMMA_OVERLAP != 0;
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+struct WgTraits {
+  static constexpr int kConsumerWGs = kBlockM / 64;
+  static constexpr int kConsumerWarps = 4 * kConsumerWGs;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kDChunks = kHeadDim / 64;  // 128-byte swizzle sub-tiles along the head dim
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kHeadDim % 64 == 0 && (kHeadDim == 64 || kHeadDim == 128), "WGMMA path: head dim 64 or 128");
+  static_assert(kBlockN == 64 || kBlockN == 128, "WGMMA path: block_n 64 or 128");
+  static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 2, "64 rows per consumer warpgroup");
+  static_assert(kStages >= 2, "at least two stages");
+  // setmaxnreg.inc blocks until the registers are free: the per-role budgets must fit in what the CTA
+  // got at launch (the __launch_bounds__(kThreads, 1) cap, 65536 / kThreads rounded down to 8, per thread).
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
+                "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
+  // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kQBytes;
+  static constexpr int kOffV = kOffK + kStages * kKVBytes;
+  static constexpr int kOffMask = kOffV + kStages * kKVBytes;  // kStages x [kBlockN][<= 4] int32
+  static constexpr int kMaskStageInts = 4 * kBlockN;
+  static constexpr int kOffEntry = kOffMask + kStages * kMaskStageInts * 4;  // kStages int
+  static constexpr int kOffList = kOffEntry + 16 * 4;                          // kProducerThreads int
+  static constexpr int kOffWarpCounts = kOffList + kProducerThreads * 4;       // 4 int (+pad)
+  static constexpr int kOffBar = kOffWarpCounts + 16 * 4;  // full[kStages], empty[kStages], q
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 1);
+  static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
+  static_assert(kStages <= 16, "entry slots");
+};
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+__global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
+    flash_fwd_wgmma_kernel(const __grid_constant__ FwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
+                           const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
+  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;
+  unsigned char* base = smem_raw + (base_u32 - raw_u32);
+  const uint32_t sQ = base_u32 + Tr::kOffQ;
+  const uint32_t sK = base_u32 + Tr::kOffK;
+  const uint32_t sV = base_u32 + Tr::kOffV;
+  int32_t* sMask = reinterpret_cast<int32_t*>(base + Tr::kOffMask);
+  volatile int* sEntry = reinterpret_cast<volatile int*>(base + Tr::kOffEntry);
+  int* sList = reinterpret_cast<int*>(base + Tr::kOffList);
+  int* sWarpCounts = reinterpret_cast<int*>(base + Tr::kOffWarpCounts);
+  const uint32_t bar_full = base_u32 + Tr::kOffBar;
+  const uint32_t bar_empty = bar_full + 8 * kStages;
+  const uint32_t bar_q = bar_empty + 8 * kStages;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
+  const int mt = n_mtiles - 1 - static_cast<int>(blockIdx.x);  // heavy (bottom) tiles first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int group = a.num_heads / a.num_heads_k, hk = h / group;
+  const int hm = a.mask_heads == 1 ? 0 : (a.mask_heads == a.num_heads ? h : hk);
+  const int m0 = mt * kBlockM, m1 = min(m0 + kBlockM, a.seqlen_q);
+  const int n_blocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
+  const int causal_offset = a.seqlen_k - a.seqlen_q;
+  const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
+  const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
+  const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_full + 8 * s, 32);                         // every lane of producer warp 0
+      mbar_init(bar_empty + 8 * s, Tr::kConsumerWarps * 32);  // every consumer thread
+    }
+    mbar_init(bar_q, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------ producer ------------------------------
+    reg_dealloc<Tr::kProducerRegs>();
+    TileMask tm;
+    tm.summary = a.summary ? a.summary + bhm * n_blocks : nullptr;
+    tm.block_mask = bm;
+    tm.bm_cols = a.bm_cols;
+    tm.seqlen_q = a.seqlen_q;
+    tm.seqlen_k = a.seqlen_k;
+    tm.block_n = kBlockN;
+    tm.n_blocks = n_blocks;
+    tm.causal_offset = causal_offset;
+    tm.causal = a.causal;
+    tm.m0 = m0;
+    tm.m1 = m1;
+    if (warp == 0 && lane == 0) {
+      tma_prefetch_desc(&tmap_q);
+      tma_prefetch_desc(&tmap_k);
+      tma_prefetch_desc(&tmap_v);
+      mbar_arrive_expect_tx(bar_q, Tr::kQBytes);
+#pragma unroll
+      for (int c = 0; c < Tr::kDChunks; ++c)
+        tma_load_4d(sQ + c * kBlockM * 128, &tmap_q, bar_q, c * 64, m0, h, b);
+    }
+    int stage = 0, phase = 0;
+    for (int first = 0; first < n_blocks; first += Tr::kProducerThreads) {
+      const int count = schedule_window<Tr::kProducerThreads, 1>(tm, first, sList, sWarpCounts);
+      if (warp != 0) continue;
+      for (int i = 0; i < count; ++i) {
+        const int entry = sList[i];
+        const int n0 = BlockEntry::block(entry) * kBlockN;
+        mbar_wait(bar_empty + 8 * stage, phase ^ 1);
+        if (BlockEntry::partial(entry) && sri != nullptr) {  // the block's mask columns ride along
+          const int n = kBlockN * a.mask_cols, valid = min(kBlockN, a.seqlen_k - n0) * a.mask_cols;
+          const int32_t* src = sri + static_cast<int64_t>(n0) * a.mask_cols;
+          int32_t* dst = sMask + stage * Tr::kMaskStageInts;
+          for (int j = lane; j < n; j += 32) dst[j] = j < valid ? __ldg(src + j) : 0;
+        }
+        // Every lane arrives on "full" after its own stores (release); lane 0 also
+        // arms the transaction count and issues the TMA loads.
+        const uint32_t full = bar_full + 8 * stage;
+        if (lane == 0) {
+          sEntry[stage] = entry;
+          mbar_arrive_expect_tx(full, 2 * Tr::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < Tr::kDChunks; ++c) {
+            tma_load_4d(sK + stage * Tr::kKVBytes + c * kBlockN * 128, &tmap_k, full, c * 64, n0, hk, b);
+            tma_load_4d(sV + stage * Tr::kKVBytes + c * kBlockN * 128, &tmap_v, full, c * 64, n0, hk, b);
+          }
+        } else {
+          mbar_arrive(full);
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    if (warp == 0) {  // end of list
+      mbar_wait(bar_empty + 8 * stage, phase ^ 1);
+      if (lane == 0) sEntry[stage] = -1;
+      mbar_arrive(bar_full + 8 * stage);
+    }
+    return;
+  }
+
+  // ------------------------------ consumers ------------------------------
+  reg_alloc<Tr::kConsumerRegs>();
+  const int cw = wg - 1;               // consumer warpgroup: rows [cw * 64, cw * 64 + 64) of the tile
+  const int wq = warp % 4;             // warp within the warpgroup: 16 rows
+  const int g = lane / 4, t = lane % 4;
+  const int row_base = cw * 64 + wq * 16 + g;  // tile-local rows row_base and row_base + 8
+  constexpr int kS = kBlockN / 2;      // S accumulators per thread
+  constexpr int kO = kHeadDim / 2;     // O accumulators per thread
+  float o[kO];
+#pragma unroll
+  for (int i = 0; i < kO; ++i) o[i] = 0.f;
+  float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // log2 units
+  float row_sum[2] = {0.f, 0.f};                      // this thread's columns only
+  const uint32_t sQw = sQ + cw * 64 * 128;             // this warpgroup's 64 rows in each sub-tile
+
+  // S = Q K^T for the block in `stage` (issued, not waited for).
+  auto issue_qk = [&](float (&s)[kS], int stage_) {
+    const uint32_t sKs = sK + stage_ * Tr::kKVBytes;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
+      const uint64_t da = gmma_desc(sQw + (ks / 4) * kBlockM * 128 + off, 16, 1024);
+      const uint64_t db = gmma_desc(sKs + (ks / 4) * kBlockN * 128 + off, 16, 1024);
+      gmma_ss<T, kBlockN>(da, db, s, ks > 0);
+    }
+    gmma_commit();
+  };
+  // O += P V for the block in `stage` (issued, not waited for).
+  auto issue_pv = [&](const uint32_t (&p)[kBlockN / 16][4], int stage_) {
+    const uint32_t sVs = sV + stage_ * Tr::kKVBytes;
+#pragma unroll
+    for (int ps = 0; ps < kBlockN / 16; ++ps)
+      gmma_rs<T, kHeadDim>(p[ps], gmma_desc(sVs + ps * 2048, kBlockN * 128, 1024), o);
+    gmma_commit();
+  };
+  // Scale into log2 units, mask (partial blocks only), online-softmax update of
+  // row_max / row_sum; S becomes P (unnormalized, fp32); returns the two rows'
+  // rescale factors for O.
+  auto softmax = [&](float (&s)[kS], int entry, int stage_, float (&alpha)[2]) {
+    const int n0 = BlockEntry::block(entry) * kBlockN;
+#pragma unroll
+    for (int i = 0; i < kS; ++i) s[i] *= a.scale_log2;
+    if (BlockEntry::partial(entry)) {
+      const int32_t* raw = sMask + stage_ * Tr::kMaskStageInts;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int cl = j * 8 + 2 * t + c, col = n0 + cl;
+          const ColumnBounds cb = sri != nullptr
+              ? load_column(raw + cl * a.mask_cols, col, a.mask_cols, a.causal, a.seqlen_q, causal_offset)
+              : ColumnBounds{a.seqlen_q, a.seqlen_q, 0, 0};
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = m0 + row_base + r * 8;
+            if (col >= a.seqlen_k || !visible(cb, row, col, a.causal, causal_offset, bm, a.bm_cols))
+              s[j * 4 + 2 * r + c] = -CUDART_INF_F;
+          }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // two rows per thread: row_base and row_base + 8
+      float mx = row_max[r];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * r], s[j * 4 + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base_m = mx == -CUDART_INF_F ? 0.f : mx;  // nothing visible yet: keep p = 0
+      alpha[r] = fast_exp2(row_max[r] - base_m);
+      row_max[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        s[j * 4 + 2 * r] = fast_exp2(s[j * 4 + 2 * r] - base_m);
+        s[j * 4 + 2 * r + 1] = fast_exp2(s[j * 4 + 2 * r + 1] - base_m);
+        sum += s[j * 4 + 2 * r] + s[j * 4 + 2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        o[d * 4 + 2 * r] *= alpha[r];
+        o[d * 4 + 2 * r + 1] *= alpha[r];
+      }
+  };
+  // P (fp32 S accumulators) re-packed as the register A operand of O += P V.
+  auto pack_p = [&](const float (&s)[kS], uint32_t (&p)[kBlockN / 16][4]) {
+#pragma unroll
+    for (int ps = 0; ps < kBlockN / 16; ++ps) {
+      p[ps][0] = Mma<T>::pack(s[8 * ps + 0], s[8 * ps + 1]);
+      p[ps][1] = Mma<T>::pack(s[8 * ps + 2], s[8 * ps + 3]);
+      p[ps][2] = Mma<T>::pack(s[8 * ps + 4], s[8 * ps + 5]);
+      p[ps][3] = Mma<T>::pack(s[8 * ps + 6], s[8 * ps + 7]);
+    }
+  };
+
+  mbar_wait(bar_q, 0);
+  int stage = 0, phase = 0;
+  if constexpr (kWgmmaOverlap) {
+    // Software-pipelined: iteration i issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back,
+    // runs the softmax of S_i while the P V product is in flight, then rescales O and keeps P_i in
+    // registers for the next iteration. With two consumer warpgroups the GEMM issue of one
+    // alternates with the other's (ping-pong on named barriers 2 and 3), so one warpgroup's softmax
+    // overlaps the other's GEMMs.
+    constexpr bool kPingPong = Tr::kConsumerWGs == 2;
+    const int my_bar = 2 + cw, other_bar = 2 + (cw ^ 1);
+    if (kPingPong && cw == 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
+    uint32_t p[kBlockN / 16][4];
+    int prev_stage = -1;
+    for (;;) {
+      mbar_wait(bar_full + 8 * stage, phase);
+      const int entry = sEntry[stage];
+      if (entry < 0) break;
+      float s[kS];
+      if (kPingPong) named_barrier_sync(my_bar, 256);
+      gmma_fence();
+      issue_qk(s, stage);
+      if (prev_stage >= 0) issue_pv(p, prev_stage);
+      if (kPingPong) named_barrier_arrive(other_bar, 256);
+      if (prev_stage >= 0) {
+        gmma_wait<1>();
+      } else {
+        gmma_wait<0>();
+      }
+      fence_regs(s);
+      float alpha[2];
+      softmax(s, entry, stage, alpha);
+      if (prev_stage >= 0) {
+        gmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+        mbar_arrive(bar_empty + 8 * prev_stage);  // this thread is done with the previous stage
+      }
+      rescale_o(alpha);
+      pack_p(s, p);
+      prev_stage = stage;
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    if (prev_stage >= 0) {
+      fence_regs(o);
+      gmma_fence();
+      issue_pv(p, prev_stage);
+      gmma_wait<0>();
+      fence_regs(o);
+      fence_regs(p);
+      mbar_arrive(bar_empty + 8 * prev_stage);
+    }
+    if (kPingPong && cw == 0) named_barrier_sync(2, 256);  // match warpgroup 1's first arrive
+  } else {
+    for (;;) {
+      mbar_wait(bar_full + 8 * stage, phase);
+      const int entry = sEntry[stage];
+      if (entry < 0) break;
+      float s[kS];
+      gmma_fence();
+      issue_qk(s, stage);
+      gmma_wait<0>();
+      fence_regs(s);
+      float alpha[2];
+      softmax(s, entry, stage, alpha);
+      rescale_o(alpha);
+      uint32_t p[kBlockN / 16][4];
+      pack_p(s, p);
+      fence_regs(o);
+      gmma_fence();
+      issue_pv(p, stage);
+      gmma_wait<0>();
+      fence_regs(o);
+      fence_regs(p);
+      mbar_arrive(bar_empty + 8 * stage);  // this thread is done with the stage (its reads happen-before the refill)
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+  // Epilogue: normalize, write O (pairs of elements per thread) and lse.
+  constexpr float kLn2 = 0.6931471805599453f;
+  float* lse = a.lse + (static_cast<int64_t>(b) * a.num_heads + h) * a.seqlen_q;
+  T* og = static_cast<T*>(a.out) + b * a.o_bs + h * a.o_hs;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const bool empty = !(l > 0.f);
+    const float inv = empty ? 0.f : 1.f / l;
+    const int row = m0 + row_base + r * 8;
+    if (row < a.seqlen_q) {
+      T* dst = og + static_cast<int64_t>(row) * a.o_rs + 2 * t;
+#pragma unroll
+      for (int d = 0; d < kHeadDim / 8; ++d)
+        *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[d * 4 + 2 * r] * inv, o[d * 4 + 2 * r + 1] * inv);
+      if (t == 0) lse[row] = empty ? -CUDART_INF_F : (row_max[r] + __log2f(l)) * kLn2;
+    }
+  }
+}
+
+}  // namespace fm3::hopper::sm90

@@ -1,0 +1,154 @@
+// Hopper (sm_90a) primitives for the warp-specialized forward kernel:
+// mbarriers, TMA bulk-tensor loads, WGMMA shared-memory descriptors, the
+// wgmma.mma_async atoms (CuTe's SM90 GMMA PTX wrappers) and setmaxnreg.
+//
+// Shared-memory tiles are stored the way TMA writes them with
+// CU_TENSOR_MAP_SWIZZLE_128B and a box of 64 elements (128 bytes) along the
+// head dimension: a [rows][D] tile is D/64 sub-tiles of [rows][64], each row
+// 128 bytes, 16-byte chunks XOR-swizzled by (row % 8), every 8 rows a
+// 1024-byte swizzle atom. Every sub-tile starts 1024-byte aligned.
+//   K-major operand (Q as A, K as B of S = Q K^T): SBO = 1024 B (next 8 rows),
+//     LBO unused (1); the k16 step s of a sub-tile starts at +32*s bytes.
+//   MN-major operand (V as B of O = P V, N = head dim, K = keys): LBO = the
+//     sub-tile size (next 64 head-dim columns), SBO = 1024 B (next 8 keys);
+//     the k16 step s starts at +2048*s bytes.
+#pragma once
+#include <cuda.h>  // CUtensorMap (header only; the driver entry point is fetched at run time)
+#include <stdint.h>
+
+#include <utility>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+namespace fm3::hopper::sm90 {
+
+// ---- mbarriers ------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Block until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "FM3_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra FM3_DONE;\n"
+      "bra FM3_WAIT;\n"
+      "FM3_DONE:\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- TMA --------------------------------------------------------------------
+// 4-D tile load (coordinates innermost first) completing on an mbarrier.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                            int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
+      "%6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---- register reallocation ------------------------------------------------
+template <int N>
+__device__ __forceinline__ void reg_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void reg_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- WGMMA ------------------------------------------------------------------
+// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1).
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
+  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+namespace G = cute::SM90::GMMA;
+
+template <typename T, int N>
+struct GmmaAtoms;
+#define FM3_GMMA_ATOMS(TYPE, N, NAME)                                           \
+  template <>                                                                   \
+  struct GmmaAtoms<TYPE, N> {                                                   \
+    using SS = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::K, G::Major::K>;     \
+    using RS = G::MMA_64x##N##x16_F32##NAME##_RS<G::Major::K, G::Major::MN>;    \
+  };
+FM3_GMMA_ATOMS(__nv_bfloat16, 64, BF16BF16)
+FM3_GMMA_ATOMS(__nv_bfloat16, 128, BF16BF16)
+FM3_GMMA_ATOMS(__half, 64, F16F16)
+FM3_GMMA_ATOMS(__half, 128, F16F16)
+#undef FM3_GMMA_ATOMS
+
+template <class Atom, int N, size_t... I>
+__device__ __forceinline__ void gmma_ss_impl(uint64_t da, uint64_t db, float (&d)[N], bool accumulate,
+                                             std::index_sequence<I...>) {
+  Atom::fma(da, db, d[I]..., accumulate ? G::ScaleOut::One : G::ScaleOut::Zero);
+}
+template <class Atom, int N, size_t... I>
+__device__ __forceinline__ void gmma_rs_impl(const uint32_t (&a)[4], uint64_t db, float (&d)[N],
+                                             std::index_sequence<I...>) {
+  Atom::fma(a[0], a[1], a[2], a[3], db, d[I]..., G::ScaleOut::One);
+}
+
+// D[64 x N] (+)= A[64 x 16] (smem) * B[16 x N] (smem), fp32 accumulators
+// (N / 2 per thread, the m64nN accumulator layout).
+template <typename T, int N>
+__device__ __forceinline__ void gmma_ss(uint64_t da, uint64_t db, float (&d)[N / 2], bool accumulate) {
+  gmma_ss_impl<typename GmmaAtoms<T, N>::SS, N / 2>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
+}
+// D[64 x N] += A[64 x 16] (registers, the mma.m16n8k16 A layout per warp) * B (smem, MN-major).
+template <typename T, int N>
+__device__ __forceinline__ void gmma_rs(const uint32_t (&a)[4], uint64_t db, float (&d)[N / 2]) {
+  gmma_rs_impl<typename GmmaAtoms<T, N>::RS, N / 2>(a, db, d, std::make_index_sequence<N / 2>{});
+}
+
+__device__ __forceinline__ void gmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void gmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void gmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keep the compiler from moving accumulator reads/writes across the async MMA,
+// and keep register A operands (read asynchronously) alive until the wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+}  // namespace fm3::hopper::sm90
