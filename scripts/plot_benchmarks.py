@@ -1,0 +1,136 @@
+"""Plot the recorded benchmark tables (markdown) as PNGs for BENCHMARKS.md.
+
+Reads the tables that the benchmark scripts wrote -- BENCHMARKS.md (Hopper forward and
+backward, from scripts/bench_attention.py on the device) and docs/cp_simulation.md (from
+scripts/simulate_cp.py) -- and draws:
+
+- docs/gpu_forward_d128_s32k.png: TFLOP/s per mask family, fm3 vs FlexAttention (and cuDNN);
+- docs/gpu_backward_d128_s32k.png: the same for the backward, where recorded;
+- docs/cp_speedup.png: simulated CP speedup over zigzag ring attention per family and P.
+
+Usage: python scripts/plot_benchmarks.py [--gpu BENCHMARKS.md] [--cp docs/cp_simulation.md] [--out docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def read_tables(path: pathlib.Path) -> list[list[dict]]:
+    """Every markdown table in the file as a list of row dicts (header -> cell text)."""
+    tables, header, rows = [], None, []
+    for line in path.read_text().splitlines() + [""]:
+        line = line.strip()
+        if line.startswith("|") and line.endswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif set("".join(cells)) <= set("-: "):
+                continue
+            else:
+                rows.append(dict(zip(header, cells)))
+        elif header is not None:
+            tables.append(rows)
+            header, rows = None, []
+    return tables
+
+
+def number(text: str) -> float:
+    try:
+        return float(text.rstrip("x"))
+    except ValueError:
+        return float("nan")
+
+
+def find_rows(tables, required: set[str], **where) -> list[dict]:
+    for rows in tables:
+        if rows and required <= set(rows[0]) and all(
+                any(r.get(k) == v for r in rows) for k, v in where.items()):
+            return [r for r in rows if all(r.get(k) == v for k, v in where.items())]
+    return []
+
+
+def bars(ax, labels, series: dict, ylabel: str, title: str) -> None:
+    x = np.arange(len(labels))
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, label=name)
+    ax.set_xticks(x, labels, rotation=45, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+
+
+def plot_gpu(tables, out: pathlib.Path, direction: str, required: set[str], ours: str, flex: str,
+             cudnn: str) -> bool:
+    rows = find_rows(tables, required, D="128", S="32768")
+    if not rows:
+        return False
+    fams = [r["family"] for r in rows]
+    series = {"paddle_fm3": [number(r[ours]) for r in rows], "FlexAttention": [number(r[flex]) for r in rows]}
+    if cudnn in rows[0]:
+        series["cuDNN SDPA"] = [number(r[cudnn]) for r in rows]
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    bars(ax, fams, series, "TFLOP/s (visible pairs only)", f"H200 bf16 {direction}, head_dim 128, S = 32K")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_cp(tables, out: pathlib.Path) -> bool:
+    rows = [r for rows in tables for r in rows if "speedup vs ring" in r]
+    if not rows:
+        return False
+    fams = sorted({r["family"] for r in rows})
+    ps = sorted({r["P"] for r in rows}, key=int)
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    series = {}
+    for p in ps:
+        best = {}
+        for r in rows:
+            if r["P"] == p:  # the longest sequence per family
+                if r["family"] not in best or int(r["S"]) > int(best[r["family"]]["S"]):
+                    best[r["family"]] = r
+        series[f"P = {p}"] = [number(best[f]["speedup vs ring"]) if f in best else np.nan for f in fams]
+    bars(ax, fams, series, "speedup over zigzag ring (x)", "Simulated CP step time: this design vs zigzag ring")
+    ax.axhline(1.0, color="k", lw=0.8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", type=pathlib.Path, default=ROOT / "BENCHMARKS.md")
+    ap.add_argument("--cp", type=pathlib.Path, default=ROOT / "docs" / "cp_simulation.md")
+    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "docs")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    made = []
+    if args.gpu.exists():
+        gpu = read_tables(args.gpu)
+        if plot_gpu(gpu, args.out / "gpu_forward_d128_s32k.png", "forward",
+                    {"fm3 TFLOP/s", "Flex TFLOP/s"}, "fm3 TFLOP/s", "Flex TFLOP/s", "cuDNN TFLOP/s"):
+            made.append("gpu_forward_d128_s32k.png")
+        if plot_gpu(gpu, args.out / "gpu_backward_d128_s32k.png", "backward",
+                    {"fm3 bwd", "Flex bwd"}, "fm3 bwd", "Flex bwd", "cuDNN bwd"):
+            made.append("gpu_backward_d128_s32k.png")
+    if args.cp.exists() and plot_cp(read_tables(args.cp), args.out / "cp_speedup.png"):
+        made.append("cp_speedup.png")
+    print("wrote:", ", ".join(made) if made else "nothing (no matching tables)")
+
+
+if __name__ == "__main__":
+    main()
