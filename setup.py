@@ -26,7 +26,7 @@ def generate() -> None:
 
 generate()
 
-sources = ["ops/cpu/flashmask_cpu.cc", "ops/paddle/fm3_paddle_kernels.cc", str(GEN_DIR / "fm3_ops_generated.cc")]
+sources = ["ops/cpu/flashmask_cpu.cc", "ops/cpu/segment_workload.cc", "ops/paddle/fm3_paddle_kernels.cc", str(GEN_DIR / "fm3_ops_generated.cc")]
 include_dirs = [str(ROOT / "ops" / "include"), str(ROOT / "ops" / "cpu"), str(GEN_DIR)]
 cxx_flags = ["-O3", "-fopenmp", "-std=c++17"]
 if os.environ.get("FM3_NATIVE", "1") == "1":

@@ -144,3 +144,25 @@ def test_plan_errors():
     with pytest.raises(TypeError):
         build_layout(sri, 1, 2, 32)
     assert default_segment_size(1 << 20, 8) == 8192 and default_segment_size(256, 4) == 32
+
+
+@pytest.mark.parametrize("family", sorted(masks.FAMILIES))
+@pytest.mark.parametrize("seg,tile", [(64, 16), (48, 32), (32, 128)])
+def test_segment_summary_equals_counting_block_classify(family, seg, tile):
+    """The O(S) summary equals counting the (query tile, key block) classification pair by pair."""
+    from paddle_fm3 import block_classify
+    from paddle_fm3.distributed.plan import segment_summary
+
+    rng = np.random.default_rng(zlib.crc32(f"{family}-{seg}-{tile}".encode()))
+    s = seg * 6
+    fm = masks.FAMILIES[family](s, rng, batch=2, num_heads=2)
+    weights, needed = segment_summary(fm.startend_row_indices, fm.causal, seg, tile)
+    g = np.gcd(seg, tile)
+    n, tps = s // seg, seg // g
+    cls = block_classify(fm.startend_row_indices, causal=fm.causal, seqlen_q=s, block_m=g, block_n=g)
+    nz = (cls != 0).reshape(-1, n, tps, n, tps)
+    np.testing.assert_array_equal(weights, nz.sum(axis=(0, 2, 3, 4)))
+    np.testing.assert_array_equal(needed, nz.any(axis=(0, 2, 4)))
+    # And against the dense mask: a segment pair is needed iff some query sees some key.
+    dense = masks.to_dense(fm.startend_row_indices, fm.causal, s).reshape(-1, n, seg, n, seg)
+    assert np.all(needed >= dense.any(axis=(0, 2, 4)))  # never prunes a visible pair

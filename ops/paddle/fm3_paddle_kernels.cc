@@ -157,3 +157,20 @@ std::vector<paddle::Tensor> BlockClassify(const paddle::Tensor& startend_row_ind
                  err);
   return {out};
 }
+
+std::vector<paddle::Tensor> SegmentWorkload(const paddle::Tensor& startend_row_indices, int segment_size, int tile,
+                                            bool causal) {
+  PD_CHECK(startend_row_indices.is_cpu(), "fm3_segment_workload runs on CPU tensors");
+  PD_CHECK(segment_size > 0, "segment_size must be positive");
+  const auto& s = startend_row_indices.shape();
+  const int64_t n = s[2] / segment_size;
+  auto weights = paddle::empty({n}, paddle::DataType::INT64, paddle::CPUPlace());
+  auto needed = paddle::empty({n, n}, paddle::DataType::INT32, paddle::CPUPlace());
+  char err[512] = {0};
+  raise_on_error(fm3_cpu_segment_workload(startend_row_indices.data<int32_t>(), static_cast<int>(s[0]),
+                                          static_cast<int>(s[1]), static_cast<int>(s[2]), static_cast<int>(s[3]),
+                                          causal ? 1 : 0, tile, segment_size, weights.data<int64_t>(),
+                                          needed.data<int32_t>(), err, sizeof(err)),
+                 err);
+  return {weights, needed};
+}

@@ -50,7 +50,12 @@ def _check_mask(startend_row_indices, causal) -> np.ndarray:
 
 def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size: int,
                     tile: int = TILE) -> Tuple[np.ndarray, np.ndarray]:
-    """Workload and visibility per segment from the block classification (``block_classify``).
+    """Workload and visibility per segment, from the block classification (ops/include/fm3/mask.h).
+
+    Tiles and blocks are ``gcd(segment_size, tile)`` wide. Computed in O(S) per (batch, mask
+    head) by the ``fm3_segment_workload`` op: each key block's fully masked rows become ranges of
+    whole query tiles, so no (tile, block) pair is visited (counting ``block_classify``'s output
+    gives the same numbers at O((S/tile)^2) cost; tests/test_cp_algorithms.py checks it).
 
     Returns:
         ``weights`` int64 ``[n]``: not-fully-masked (query tile, key block) pairs whose query tile
@@ -58,16 +63,14 @@ def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size
         ``needed`` bool ``[n, n]``: ``needed[s, t]`` is False iff every key block of segment ``t`` is
         fully masked for every query tile of segment ``s`` (then ``t``'s KV is never sent for ``s``).
     """
-    from ..blocks import block_classify  # noqa: PLC0415 - needs the compiled op
+    import paddle  # noqa: PLC0415
 
-    b, hm, s, _ = startend_row_indices.shape
+    from .._ops import ops  # noqa: PLC0415 - needs the compiled op
+
     g = math.gcd(segment_size, tile)
-    n, tps = s // segment_size, segment_size // g
-    cls = block_classify(startend_row_indices, causal=bool(causal), seqlen_q=s, block_m=g, block_n=g)
-    nz = (cls != 0).reshape(b * hm, n, tps, n, tps)
-    weights = nz.sum(axis=(0, 2, 3, 4), dtype=np.int64)
-    needed = nz.any(axis=(0, 2, 4))
-    return weights, needed
+    sri = paddle.to_tensor(np.ascontiguousarray(startend_row_indices, dtype=np.int32), place=paddle.CPUPlace())
+    weights, needed = ops.fm3_segment_workload(sri, int(segment_size), int(g), bool(causal))
+    return weights.numpy().astype(np.int64), needed.numpy().astype(bool)
 
 
 class CPLayout:

@@ -89,23 +89,47 @@ FM3_HD void summary_add(BlockSummary& s, const ColumnBounds& c) {
   s.ute_max = c.ute > s.ute_max ? c.ute : s.ute_max;
 }
 
+// Query rows that every column of a key block masks: four intervals [lo, hi)
+// read off the block summary, each possibly empty (lo >= hi). A tile is fully
+// masked iff its rows lie inside one of them. (The causal triangle is the
+// upper interval, see load_column.) Fixed size, constant indices: stays in
+// registers on the GPU.
+struct MaskedRows {
+  int32_t lo[4], hi[4];
+};
+
+FM3_HD MaskedRows fully_masked_rows(const BlockSummary& s) {
+  MaskedRows r;
+  r.lo[0] = s.lts_max;  // inside every column's lower interval
+  r.hi[0] = s.lte_min;
+  r.lo[1] = s.uts_max;  // inside every column's upper interval
+  r.hi[1] = s.ute_min;
+  // Where the two intervals overlap in every column, their union covers the span.
+  r.lo[2] = s.uts_max;
+  r.hi[2] = s.lts_max <= s.ute_min ? s.lte_min : s.uts_max;
+  r.lo[3] = s.lts_max;
+  r.hi[3] = s.uts_max <= s.lte_min ? s.ute_min : s.lts_max;
+  return r;
+}
+
+FM3_HD bool rows_inside(const MaskedRows& r, int m0, int m1) {
+  bool inside = false;
+  for (int k = 0; k < 4; ++k) inside = inside || (m0 >= r.lo[k] && m1 <= r.hi[k]);
+  return inside;
+}
+
 // Classify query rows [m0, m1) against key columns [n0, n1) (both non-empty,
 // already clipped to the sequence) from the block summary of those columns.
 // Conservative: kPartial is always a correct answer; kFullyMasked and
 // kUnmasked are exact claims. The causal triangle is already part of the
-// summary (load_column); causal/causal_offset only sharpen the answer.
+// summary (load_column), so n0, n1, causal and causal_offset are not needed;
+// they stay in the signature for the kernels' call sites.
 FM3_HD TileClass classify_tile(const BlockSummary& s, int m0, int m1, int n0,
                                int n1, bool causal, int causal_offset) {
-  if (causal && n0 > m1 - 1 + causal_offset) return kFullyMasked;
-  // Covered by one interval, or by the two when they overlap in every column.
-  if ((m0 >= s.lts_max && m1 <= s.lte_min) ||
-      (m0 >= s.uts_max && m1 <= s.ute_min) ||
-      (m0 >= s.uts_max && s.lts_max <= s.ute_min && m1 <= s.lte_min) ||
-      (m0 >= s.lts_max && s.uts_max <= s.lte_min && m1 <= s.ute_min))
-    return kFullyMasked;
-  bool partial = (m0 < s.lte_max && m1 > s.lts_min) ||
-                 (m0 < s.ute_max && m1 > s.uts_min);
-  if (causal && n1 - 1 > m0 + causal_offset) partial = true;
+  (void)n0, (void)n1, (void)causal, (void)causal_offset;
+  if (rows_inside(fully_masked_rows(s), m0, m1)) return kFullyMasked;
+  const bool partial = (m0 < s.lte_max && m1 > s.lts_min) ||
+                       (m0 < s.ute_max && m1 > s.uts_min);
   return partial ? kPartial : kUnmasked;
 }
 

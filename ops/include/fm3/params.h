@@ -61,6 +61,17 @@ int fm3_cpu_classify(const int32_t* startend_row_indices,
                      int block_m, int block_n, int32_t* out, char* err,
                      size_t err_len);
 
+/* Context-parallel workload (square masks, seqlen_q == seqlen_k == seqlen;
+ * tile | segment_size | seqlen): weights int64 [n] = not-fully-masked
+ * (query tile, key block) pairs per query segment, summed over batch and mask
+ * heads; needed int32 [n, n] = 1 where query segment q sees some key of key
+ * segment t. n = seqlen / segment_size. */
+int fm3_cpu_segment_workload(const int32_t* startend_row_indices, int batch,
+                             int mask_heads, int seqlen, int mask_cols,
+                             int causal, int tile, int segment_size,
+                             int64_t* weights, int32_t* needed, char* err,
+                             size_t err_len);
+
 #ifdef __cplusplus
 }
 #endif
