@@ -24,7 +24,7 @@ def _load() -> types.SimpleNamespace:
             "`pip install --no-build-isolation .` (needs paddlepaddle) or build in place with "
             "`python setup.py build_ext --inplace`")
     names = _eu.load_op_meta_info_and_register_op(str(libs[0]))
-    namespace: dict = {}
+    namespace: dict = {"__name__": __name__}  # dy2static (SOT) reads the functions' __module__
     for name in names:
         exec(_eu._custom_api_content(name), namespace)  # noqa: S102 - Paddle's generated op API
     return types.SimpleNamespace(**{n: namespace[n] for n in names})

@@ -3,16 +3,26 @@ argument and what was expected, raised before any kernel runs."""
 
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import paddle
 
-from . import _config
+from . import _config, masks
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
 VALID_MASK_COLS = {True: (1, 2), False: (2, 4)}
 
 
 def _known(d) -> bool:
-    return d is not None and d >= 0  # static graphs may carry -1 for unknown dims
+    # static graphs may carry -1 (or, under dy2static, a tensor) for unknown dims
+    return isinstance(d, int) and d >= 0
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def check_tensor(name: str, x, ndim: int | None = None, dtypes=None) -> None:
@@ -35,6 +45,8 @@ def check_qkv(q, k, v) -> None:
         raise ValueError(f"batch size mismatch: query {b}, key {bk}, value {bv}")
     if _known(sk) and sk != sv:
         raise ValueError(f"key and value seqlen differ: {sk} vs {sv}")
+    if not all(_known(x) for x in (h, hk, hv, d, dk, dv)):
+        raise ValueError("num_heads and head_dim of query, key, value must be static (known) dims")
     if hk != hv:
         raise ValueError(f"key and value num_heads differ: {hk} vs {hv}")
     if not (d == dk == dv):
@@ -64,16 +76,11 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
     if c not in VALID_MASK_COLS[causal]:
         raise ValueError(f"startend_row_indices.shape[3] must be one of {VALID_MASK_COLS[causal]} "
                          f"when causal={causal}, got {c}")
-    if not paddle.in_dynamic_mode() or sri.size == 0:
-        return
-    lo, hi = int(sri.min()), int(sri.max())
-    if lo < 0 or hi > sq:
-        raise ValueError(f"startend_row_indices values must lie in [0, seqlen_q={sq}], got range [{lo}, {hi}]")
-    if (causal and c == 2) or c == 4:
-        if bool(paddle.any(sri[..., 0] > sri[..., 1])):
-            raise ValueError("startend_row_indices: LTS must be <= LTE (column 0 <= column 1) for every key")
-    if c == 4 and bool(paddle.any(sri[..., 2] > sri[..., 3])):
-        raise ValueError("startend_row_indices: UTS must be <= UTE (column 2 <= column 3) for every key")
+    # Values (range, LTS <= LTE, UTS <= UTE) need the data: checked in dynamic mode only. In a
+    # static graph the kernels read any int32 values with the same meaning (masked rows =
+    # [LTS, LTE) and [UTS, UTE) intersected with [0, seqlen_q); an inverted interval is empty).
+    if paddle.in_dynamic_mode() and sri.size and _known(sq) and sq > 0:
+        masks.validate_startend_row_indices(sri.numpy(), causal, sq)
 
 
 def check_block_mask(block_mask, sri, q, k) -> None:
@@ -92,19 +99,22 @@ def check_block_mask(block_mask, sri, q, k) -> None:
 
 
 def normalize_window_size(window_size) -> tuple[int, int]:
-    if isinstance(window_size, bool) or not isinstance(window_size, (int, tuple, list)):
+    def is_int(x):
+        return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+    if not (is_int(window_size) or isinstance(window_size, (tuple, list))):
         raise TypeError(f"window_size must be an int or a (left, right) tuple, got {window_size!r}")
-    w = (window_size, window_size) if isinstance(window_size, int) else tuple(window_size)
-    if len(w) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in w):
+    w = (window_size, window_size) if is_int(window_size) else tuple(window_size)
+    if len(w) != 2 or not all(is_int(x) and x >= 0 for x in w):
         raise ValueError(f"window_size must be a non-negative int or a pair of them, got {window_size!r}")
-    return w
+    return int(w[0]), int(w[1])
 
 
 def check_softmax_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return float(head_dim) ** -0.5
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not softmax_scale > 0 or softmax_scale == float("inf"):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale}")
+    if not 0 < float(softmax_scale) <= float(np.finfo(np.float32).max):
+        raise ValueError(f"softmax_scale must be a positive number that fits in float32, got {softmax_scale}")
     return float(softmax_scale)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import paddle
 
 from . import _validation as V
@@ -57,7 +60,8 @@ def flashmask_attention(
             to ``startend_row_indices`` exactly as Paddle does; excludes
             ``startend_row_indices``.
         return_softmax_lse: also return the float32 ``[batch, num_heads, seqlen_q]``
-            natural-log softmax normalizer (``-inf`` on fully masked rows).
+            natural-log softmax normalizer (``-inf`` on fully masked rows); it is returned
+            with ``stop_gradient=True``: no gradient flows back through it.
         return_seed_offset, fixed_seed_offset, rng_name: dropout RNG controls;
             only their defaults are accepted (no dropout, no seed).
         training: accepted for compatibility (no dropout, so no effect).
@@ -69,22 +73,24 @@ def flashmask_attention(
 
     Returns:
         ``out`` (shape and dtype of ``query``), or ``[out, softmax_lse]`` when
-        ``return_softmax_lse``. Fully masked query rows give 0 and zero gradients.
+        ``return_softmax_lse``. Fully masked query rows give 0 and zero gradients. Inputs
+        must be finite: a NaN in q, k or v propagates to the rows it can reach (and, as
+        in any dense kernel, a NaN in v reaches every row of a partially masked tile).
 
     Raises:
         TypeError / ValueError: bad tensors, dtypes, shapes, mask values or
             arguments (the message names the argument), before any kernel runs.
         NotImplementedError: ``dropout > 0`` or dropout seed options.
     """
-    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool):
+    if not isinstance(dropout, numbers.Real) or isinstance(dropout, (bool, np.bool_)):
         raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
     if dropout != 0.0:
         raise NotImplementedError("paddle_fm3.flashmask_attention does not implement dropout; pass dropout=0.0")
     if return_seed_offset or fixed_seed_offset is not None or rng_name:
         raise NotImplementedError("return_seed_offset / fixed_seed_offset / rng_name configure dropout, "
                                   "which paddle_fm3 does not implement; leave them at their defaults")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    causal = V.check_bool("causal", causal)
+    return_softmax_lse = V.check_bool("return_softmax_lse", return_softmax_lse)
     V.check_qkv(query, key, value)
     batch, seqlen_q, _, head_dim = query.shape
     seqlen_k = key.shape[1]
@@ -108,4 +114,7 @@ def flashmask_attention(
 
     out, softmax_lse = ops.fm3_flashmask_attention(
         query, key, value, startend_row_indices, block_mask, scale, causal)
-    return [out, softmax_lse] if return_softmax_lse else out
+    if not return_softmax_lse:
+        return out
+    softmax_lse.stop_gradient = True  # no gradient flows back through the lse (as in Paddle's op)
+    return [out, softmax_lse]

@@ -9,6 +9,7 @@ import enum
 import numpy as np
 import paddle
 
+from . import masks
 from ._ops import ops
 
 
@@ -35,20 +36,29 @@ def block_classify(startend_row_indices, *, causal: bool, seqlen_q: int, block_m
         ``TileClass`` values.
 
     Raises:
-        ValueError: non-positive sizes or a malformed mask.
+        TypeError / ValueError: non-positive sizes, a malformed mask (shape, dtype, values
+        outside ``[0, seqlen_q]``, LTS > LTE, UTS > UTE) or a malformed ``block_mask``.
     """
     for name, val in (("seqlen_q", seqlen_q), ("block_m", block_m), ("block_n", block_n)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
             raise ValueError(f"{name} must be a positive int, got {val!r}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     sri = startend_row_indices
-    if not isinstance(sri, paddle.Tensor):
-        sri = paddle.to_tensor(np.ascontiguousarray(sri, dtype=np.int32), place=paddle.CPUPlace())
-    if sri.dtype != paddle.int32 or len(sri.shape) != 4:
-        raise ValueError(f"startend_row_indices must be int32 [B, H_mask, S_k, C], got {sri.dtype} {sri.shape}")
-    if sri.shape[3] not in ((1, 2) if causal else (2, 4)):
-        raise ValueError(f"startend_row_indices.shape[3]={sri.shape[3]} is not valid for causal={causal}")
-    if block_mask is not None and not isinstance(block_mask, paddle.Tensor):
-        block_mask = paddle.to_tensor(np.ascontiguousarray(block_mask, dtype=np.int32), place=paddle.CPUPlace())
-    out = ops.fm3_block_classify(sri.cpu(), None if block_mask is None else block_mask.cpu(),
+    arr = sri.numpy() if isinstance(sri, paddle.Tensor) else np.asarray(sri)
+    if isinstance(sri, paddle.Tensor) and sri.dtype != paddle.int32:
+        raise TypeError(f"startend_row_indices must be int32, got {sri.dtype}")
+    arr, _ = masks.validate_startend_row_indices(arr, bool(causal), int(seqlen_q))
+    sri = paddle.to_tensor(np.ascontiguousarray(arr, dtype=np.int32), place=paddle.CPUPlace())
+    if block_mask is not None:
+        bm = block_mask.numpy() if isinstance(block_mask, paddle.Tensor) else np.asarray(block_mask)
+        want = (arr.shape[0], arr.shape[1], -(-int(seqlen_q) // 128), -(-arr.shape[2] // 128))
+        if bm.shape != want:
+            raise ValueError(f"block_mask must have shape [batch, mask_heads, ceil(seqlen_q/128), "
+                             f"ceil(seqlen_k/128)] = {list(want)}, got {list(bm.shape)}")
+        if not np.isin(bm, (0, 1)).all():
+            raise ValueError("block_mask values must be 0 (masked) or 1 (kept)")
+        block_mask = paddle.to_tensor(np.ascontiguousarray(bm, dtype=np.int32), place=paddle.CPUPlace())
+    out = ops.fm3_block_classify(sri, block_mask,
                                  int(seqlen_q), int(block_m), int(block_n), bool(causal))
     return out.numpy()

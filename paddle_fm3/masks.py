@@ -96,6 +96,9 @@ class FlashMask(NamedTuple):
 # ---------------------------------------------------------------------------
 
 
+MAX_SEQLEN = 2**31 - 1  # row indices are int32
+
+
 def _check_int(name: str, value, *, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
     """Return ``value`` as a Python int, or raise TypeError/ValueError naming ``name``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
@@ -169,12 +172,14 @@ def _normalize_doc_lens(doc_lens, seqlen, batch: int, name: str = "doc_lens") ->
     rows = [[int(x) for x in r] for r in rows]
     sums = {sum(r) for r in rows}
     if seqlen is not None:
-        seqlen = _check_int("seqlen", seqlen, lo=1)
+        seqlen = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
         for bi, r in enumerate(rows):
             if sum(r) != seqlen:
                 raise ValueError(f"{name}[{bi}] sums to {sum(r)} but seqlen={seqlen}; they must be equal")
     elif len(sums) != 1:
         raise ValueError(f"all rows of {name} must sum to the same sequence length, got sums {sorted(sums)}")
+    if max(sums) > MAX_SEQLEN:
+        raise ValueError(f"{name} sums to {max(sums)}; sequences longer than {MAX_SEQLEN} do not fit int32 indices")
     return _rows_for_batch(rows, batch, name)
 
 
@@ -199,7 +204,7 @@ def full(seqlen: int, *, batch: int = 1, num_heads: int = 1) -> FlashMask:
     Raises:
         TypeError / ValueError: ``seqlen``, ``batch`` or ``num_heads`` not an integer >= 1.
     """
-    s = _check_int("seqlen", seqlen, lo=1)
+    s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
     batch, num_heads = _check_batch_heads(batch, num_heads)
     v = np.empty((batch, s, 2), dtype=np.int64)
     v[..., 0] = s
@@ -215,7 +220,7 @@ def causal(seqlen: int, *, batch: int = 1, num_heads: int = 1) -> FlashMask:
     Raises:
         TypeError / ValueError: ``seqlen``, ``batch`` or ``num_heads`` not an integer >= 1.
     """
-    s = _check_int("seqlen", seqlen, lo=1)
+    s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
     batch, num_heads = _check_batch_heads(batch, num_heads)
     return _finish(np.full((batch, s, 1), s, dtype=np.int64), num_heads, True)
 
@@ -231,7 +236,7 @@ def sliding_window(seqlen: int, window: int, *, batch: int = 1, num_heads: int =
         TypeError / ValueError: ``window`` not an integer >= 0; ``seqlen``/``batch``/``num_heads``
         not an integer >= 1.
     """
-    s = _check_int("seqlen", seqlen, lo=1)
+    s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
     w = _check_int("window", window, lo=0)
     batch, num_heads = _check_batch_heads(batch, num_heads)
     lts = np.minimum(np.arange(s, dtype=np.int64) + w + 1, s)
@@ -301,7 +306,7 @@ def _normalize_share_question(docs, seqlen, batch) -> List[List[Tuple[int, List[
         out_rows.append(samples)
     totals = [sum(q + sum(a) for q, a in r) for r in out_rows]
     if seqlen is not None:
-        seqlen = _check_int("seqlen", seqlen, lo=1)
+        seqlen = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
         for bi, t in enumerate(totals):
             if t != seqlen:
                 raise ValueError(f"docs[{bi}] has total length {t} but seqlen={seqlen}; they must be equal")
@@ -360,7 +365,7 @@ def global_sliding_window(seqlen: int, global_tokens: int, window: int, *,
     Raises:
         TypeError / ValueError: ``global_tokens`` not in ``[0, S]``; ``window`` < 0.
     """
-    s = _check_int("seqlen", seqlen, lo=1)
+    s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
     g = _check_int("global_tokens", global_tokens, lo=0, hi=s)
     w = _check_int("window", window, lo=0)
     batch, num_heads = _check_batch_heads(batch, num_heads)
@@ -413,7 +418,7 @@ def prefix_lm_causal(seqlen: int, prefix_len: int, *, batch: int = 1, num_heads:
     Raises:
         TypeError / ValueError: ``prefix_len`` not in ``[0, seqlen]``.
     """
-    s = _check_int("seqlen", seqlen, lo=1)
+    s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
     p = _check_int("prefix_len", prefix_len, lo=0, hi=s)
     batch, num_heads = _check_batch_heads(batch, num_heads)
     j = np.arange(s, dtype=np.int64)
@@ -520,7 +525,7 @@ def qk_sparse(seqlen: int, spans=None, *, num_spans: int = 2, seed: int = 0,
         TypeError / ValueError: malformed or out-of-range spans, overlapping key ranges,
         ``num_spans`` < 0.
     """
-    s = _check_int("seqlen", seqlen, lo=1)
+    s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
     batch, num_heads = _check_batch_heads(batch, num_heads)
     if spans is None:
         n = _check_int("num_spans", num_spans, lo=0)
@@ -564,7 +569,7 @@ def random_eviction(seqlen: int, *, seed: int = 0, batch: int = 1, num_heads: in
     Raises:
         TypeError / ValueError: ``seed`` not an integer >= 0, bad ``seqlen``/``batch``/``num_heads``.
     """
-    s = _check_int("seqlen", seqlen, lo=1)
+    s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
     batch, num_heads = _check_batch_heads(batch, num_heads)
     rng = np.random.default_rng(_check_int("seed", seed, lo=0))
     j = np.arange(s, dtype=np.int64)
@@ -606,9 +611,10 @@ def window_to_startend(window_size, seqlen_q: int, seqlen_k: Optional[int] = Non
         raise TypeError(f"window_size must be an int or a (left, right) pair of ints, got {window_size!r}")
     if w0 < 0 or w1 < 0:
         raise ValueError(f"window_size must be >= 0, got {window_size!r}")
-    sq = _check_int("seqlen_q", seqlen_q, lo=1)
-    sk = sq if seqlen_k is None else _check_int("seqlen_k", seqlen_k, lo=1)
+    sq = _check_int("seqlen_q", seqlen_q, lo=1, hi=MAX_SEQLEN)
+    sk = sq if seqlen_k is None else _check_int("seqlen_k", seqlen_k, lo=1, hi=MAX_SEQLEN)
     batch = _check_int("batch", batch, lo=1)
+    w0, w1 = min(w0, sq + sk), min(w1, sq + sk)  # wider windows change nothing; avoids int64 overflow
     causal = _check_bool("causal", causal)
     j = np.arange(sk, dtype=np.int64)
     if causal:
@@ -624,13 +630,18 @@ def window_to_startend(window_size, seqlen_q: int, seqlen_k: Optional[int] = Non
 
 
 def validate_startend_row_indices(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None,
-                                  name: str = "startend_row_indices") -> Tuple[np.ndarray, int]:
+                                  name: str = "startend_row_indices",
+                                  check_order: bool = True) -> Tuple[np.ndarray, int]:
     """Check a ``startend_row_indices`` array; return ``(array as int64, seqlen_q)``.
+
+    The one value check of a mask, shared by the attention op's API, ``block_classify`` and the
+    CP plan. ``check_order=False`` (used by ``to_dense``/``density``, which follow Paddle's dense
+    conversion) reads LTS > LTE as an empty interval instead of rejecting it.
 
     Raises:
         TypeError: not an integer array; ``causal`` not a bool.
         ValueError: not 4-D; C not in {1, 2} (causal) / {2, 4} (non-causal); S_k == 0; a value
-        outside ``[0, seqlen_q]``.
+        outside ``[0, seqlen_q]``; LTS > LTE or UTS > UTE (with ``check_order``).
     """
     causal = _check_bool("causal", causal)
     arr = np.asarray(startend_row_indices)
@@ -644,12 +655,17 @@ def validate_startend_row_indices(startend_row_indices, causal: bool, seqlen_q: 
         raise ValueError(f"{name}: with causal={causal} the last dimension C must be one of {allowed}, got {c}")
     if arr.shape[2] < 1:
         raise ValueError(f"{name}: S_k (dimension 2) must be >= 1, got shape {arr.shape}")
-    sq = arr.shape[2] if seqlen_q is None else _check_int("seqlen_q", seqlen_q, lo=1)
+    sq = arr.shape[2] if seqlen_q is None else _check_int("seqlen_q", seqlen_q, lo=1, hi=MAX_SEQLEN)
     if arr.size:
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi > sq:
             raise ValueError(f"{name}: values must be query-row indices in [0, seqlen_q={sq}], "
                              f"got min {lo}, max {hi}")
+        if check_order and ((causal and c == 2) or c == 4):
+            if np.any(arr[..., 0] > arr[..., 1]):
+                raise ValueError(f"{name}: LTS must be <= LTE (column 0 <= column 1) for every key")
+        if check_order and c == 4 and np.any(arr[..., 2] > arr[..., 3]):
+            raise ValueError(f"{name}: UTS must be <= UTE (column 2 <= column 3) for every key")
     return arr.astype(np.int64, copy=False), sq
 
 
@@ -672,7 +688,7 @@ def to_dense(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None)
     Raises:
         see :func:`validate_startend_row_indices`.
     """
-    arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q)
+    arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q, check_order=False)
     sk = arr.shape[2]
     c = arr.shape[-1]
     rows = np.arange(sq, dtype=np.int64)[None, None, :, None]
@@ -810,7 +826,7 @@ def density(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None) 
     Raises:
         see :func:`validate_startend_row_indices`.
     """
-    arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q)
+    arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q, check_order=False)
     b, h, sk, c = arr.shape
     if causal:
         c0 = _causal_first_row(sq, sk)[None, None, :]

@@ -43,7 +43,7 @@ import paddle.nn.functional as F  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import paddle_fm3  # noqa: E402
-from paddle_fm3 import masks  # noqa: E402
+from paddle_fm3 import masks, reference  # noqa: E402
 
 IGNORE = -100
 VOCAB = 256  # byte-level tokens
@@ -273,10 +273,13 @@ def check_against_dense(model: ByteLM, batch, causal: bool, rtol: float, seed: i
     ``scaled_dot_product_attention`` takes the same [B, S, H, D] layout and a boolean mask
     (True = attend) broadcastable to [B, H, S_q, S_k]; masks.to_dense gives exactly that
     ([B, 1, S, S]). Both see the same upstream gradient. Error metric per tensor:
-    max|ours - dense| / max|dense| <= rtol. That is a scale-relative bound (elementwise relative
-    error is meaningless for entries near 0); fp32 with different summation orders (tiled online
-    softmax vs one dense softmax) agrees to ~1e-6 of the tensor's scale, so 1e-5 leaves headroom
-    while any mask error (a wrong row or column) shows up as O(1e-1).
+    max|ours - dense| / max|dense| <= rtol, a scale-relative bound (elementwise relative error is
+    meaningless for entries near 0). Two fp32 implementations with different summation orders
+    can each be ~rtol/2 from the exact value (dq accumulates the most); where they differ by more
+    than rtol, both are compared with the float64 reference (paddle_fm3.reference) and ours must
+    satisfy err(ours) <= 2 err(dense) + rtol, the criterion of FlashAttention's own tests (rows
+    that see one key make dq cancel to ~0, where dO.O and rowsum(P dP) round differently). Any
+    mask error (a wrong row or column) shows up as O(1e-1) either way.
     """
     tokens, labels, positions, sri = batch
     with paddle.no_grad():
@@ -295,6 +298,17 @@ def check_against_dense(model: ByteLM, batch, causal: bool, rtol: float, seed: i
     dense_t = paddle.to_tensor(dense)
     rng = np.random.default_rng(seed)
     worst = 0.0
+    exact_cache = {}
+
+    def exact_of(li, q, k, v, dout):
+        """float64 out, dq, dk, dv of layer li (paddle_fm3.reference)."""
+        if li not in exact_cache:
+            args = [t.numpy().astype(np.float64) for t in (q, k, v)]
+            out, _ = reference.attention_forward(*args, sri_np, causal=causal)
+            dq, dk, dv = reference.attention_backward(*args, dout.numpy().astype(np.float64), sri_np, causal=causal)
+            exact_cache[li] = {"out": out, "dq": dq, "dk": dk, "dv": dv}
+        return exact_cache[li]
+
     for li, blk in enumerate(model.blocks):
         q0, k0, v0 = blk.attn.captured
         blk.attn.captured = None
@@ -319,15 +333,23 @@ def check_against_dense(model: ByteLM, batch, causal: bool, rtol: float, seed: i
                 continue
             scale = float(np.abs(ref).max()) or 1.0
             err = float(np.abs(a - ref).max()) / scale
-            worst = max(worst, err)
             if err > rtol:
-                print(f"CHECK FAILED: layer {li} {tname}: max|ours-dense|/max|dense| = {err:.3e} > {rtol:.0e}",
-                      file=sys.stderr)
-                ok = False
+                # Two fp32 implementations can each be ~rtol/2 off: then judge both against float64
+                # and require ours to be no less accurate than (twice) Paddle's dense attention.
+                exact = exact_of(li, q0, k0, v0, dout)[tname]
+                e_ours = float(np.abs(a - exact).max()) / scale
+                e_dense = float(np.abs(ref - exact).max()) / scale
+                if e_ours > 2 * e_dense + rtol:
+                    print(f"CHECK FAILED: layer {li} {tname}: max|ours-dense|/max|dense| = {err:.3e} > {rtol:.0e}, "
+                          f"and vs float64 ours {e_ours:.2e} > 2 x dense {e_dense:.2e} + {rtol:.0e}",
+                          file=sys.stderr)
+                    ok = False
+                err = e_ours
+            worst = max(worst, err)
     n = len(model.blocks)
     if ok:
         print(f"CHECK PASSED: flashmask_attention matches Paddle dense-mask SDPA on {n} layers "
-              f"(out, dq, dk, dv; worst scale-relative error {worst:.2e} <= {rtol:.0e}; no label leakage)")
+              f"(out, dq, dk, dv; worst scale-relative error {worst:.2e}; no label leakage)")
     return ok
 
 
@@ -441,7 +463,12 @@ def main(argv=None) -> int:
     def loss_of(batch):
         tokens, labels, positions, sri = batch
         logits = model(tokens, positions, sri, data.causal)
-        return F.cross_entropy(logits.reshape([-1, VOCAB]), labels.reshape([-1]), ignore_index=IGNORE)
+        # Mean over labelled positions only (Paddle 3.3's reduction='mean' with ignore_index
+        # divides by all positions).
+        flat = labels.reshape([-1])
+        per_token = F.cross_entropy(logits.reshape([-1, VOCAB]), flat, ignore_index=IGNORE, reduction="none")
+        n_labelled = (flat != IGNORE).astype("float32").sum().clip(min=1.0)
+        return per_token.sum() / n_labelled
 
     def evaluate():
         if n_eval == 0:

@@ -158,7 +158,12 @@ void forward(const fm3_fwd_params& p) {
         for (int i = 0; i < M; ++i) {  // online softmax; s becomes P (unnormalized)
           float* si = s.data() + i * N;
           float mx = row_max[i];
-          for (int j = 0; j < N; ++j) mx = std::max(mx, si[j]);
+          bool nan = false;
+          for (int j = 0; j < N; ++j) {
+            mx = std::max(mx, si[j]);
+            nan |= si[j] != si[j];
+          }
+          if (nan) mx = std::numeric_limits<float>::quiet_NaN();  // a NaN score propagates
           if (mx == kNegInf) {  // nothing visible yet in this row
             std::fill(si, si + N, 0.f);
             continue;
@@ -236,9 +241,9 @@ void backward(const fm3_bwd_params& bp) {
     const int64_t off = b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
     const T* o = static_cast<const T*>(p.out) + off;
     const T* g = static_cast<const T*>(bp.dout) + off;
-    float acc = 0.f;
-    for (int t = 0; t < D; ++t) acc += to_float(o[t]) * to_float(g[t]);
-    delta[r] = acc;
+    double acc = 0.0;
+    for (int t = 0; t < D; ++t) acc += static_cast<double>(to_float(o[t])) * to_float(g[t]);
+    delta[r] = static_cast<float>(acc);
     lse2[r] = p.softmax_lse[r] * kLog2e;
   }
   auto row_index = [&](int b, int h, int i) { return (static_cast<int64_t>(b) * p.num_heads + h) * p.seqlen_q + i; };

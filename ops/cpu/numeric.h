@@ -75,16 +75,17 @@ template <> inline half_bits from_float<half_bits>(float f) {
 }
 
 // x[i] = 2^(x[i] - shift) for finite shift; results below 2^-126 (and -inf
-// inputs, i.e. masked scores) give 0. Cephes' exp2f polynomial on [-0.5, 0.5]
-// (relative error ~2e-7): a plain loop the compiler vectorizes, ~10x faster
-// than calling std::exp2 per element, which dominated the softmax.
+// inputs, i.e. masked scores) give 0, NaN stays NaN, exponents are capped at
+// 127. Cephes' exp2f polynomial on [-0.5, 0.5] (relative error ~2e-7): a plain
+// loop the compiler vectorizes, ~10x faster than std::exp2 per element, which
+// dominated the softmax.
 inline void exp2_shifted(float* __restrict x, int n, float shift) {
   for (int i = 0; i < n; ++i) {
-    float t = x[i] - shift;
-    const bool tiny = !(t > -126.f);
-    t = tiny ? 0.f : t;
-    const float whole = std::rint(t);
-    const float f = t - whole;
+    const float t = x[i] - shift;
+    const bool nan = t != t, tiny = t < -126.f;
+    const float tc = (nan || tiny) ? 0.f : (t > 127.f ? 127.f : t);
+    const float whole = std::rint(tc);
+    const float f = tc - whole;
     float p = 1.535336188319500e-4f;
     p = p * f + 1.339887440266574e-3f;
     p = p * f + 9.618437357674640e-3f;
@@ -93,7 +94,7 @@ inline void exp2_shifted(float* __restrict x, int n, float shift) {
     p = p * f + 6.931472028550421e-1f;
     p = p * f + 1.0f;
     const int32_t bits = __builtin_bit_cast(int32_t, p) + (static_cast<int32_t>(whole) << 23);
-    x[i] = tiny ? 0.f : __builtin_bit_cast(float, bits);
+    x[i] = tiny ? 0.f : (nan ? t : __builtin_bit_cast(float, bits));
   }
 }
 

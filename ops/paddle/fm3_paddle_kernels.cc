@@ -117,6 +117,10 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
     return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
             paddle::full(v.shape(), 0, v.dtype(), v.place())};
   }
+  if (!out_grad.defined() || !out_grad.initialized()) {  // out unused by the loss: no gradient
+    return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
+            paddle::full(v.shape(), 0, v.dtype(), v.place())};
+  }
   PD_CHECK(out_grad.dtype() == q.dtype() && out_grad.shape() == q.shape(), "out_grad must match q's shape and dtype");
   PD_CHECK(softmax_lse.dtype() == paddle::DataType::FLOAT32, "softmax_lse must be float32");
   paddle::Tensor lse = softmax_lse;

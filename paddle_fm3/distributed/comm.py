@@ -237,9 +237,13 @@ def default_communicator(group=None) -> Communicator:
     communicator when ``paddle.distributed`` is not initialized)."""
     if isinstance(group, Communicator):
         return group
-    if group is not None:
-        return PaddleCommunicator(group)
     import paddle.distributed as dist  # noqa: PLC0415
+
+    if group is not None:
+        if not hasattr(group, "nranks") or not hasattr(group, "rank"):
+            raise TypeError(f"group must be a paddle.distributed process group, a Communicator or None, "
+                            f"got {type(group).__name__}")
+        return PaddleCommunicator(group)
 
     try:
         from paddle.distributed import fleet  # noqa: PLC0415

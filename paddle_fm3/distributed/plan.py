@@ -73,6 +73,16 @@ def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size
     return weights.numpy().astype(np.int64), needed.numpy().astype(bool)
 
 
+def _check_axis(fn: str, x, axis) -> int:
+    import paddle  # noqa: PLC0415
+
+    if not isinstance(x, paddle.Tensor):
+        raise TypeError(f"{fn}: x must be a paddle.Tensor, got {type(x).__name__}")
+    if isinstance(axis, bool) or not isinstance(axis, int) or not -len(x.shape) <= axis < len(x.shape):
+        raise ValueError(f"{fn}: axis must be an int in [-{len(x.shape)}, {len(x.shape)}), got {axis!r}")
+    return axis % len(x.shape)
+
+
 class CPLayout:
     """The rank-independent part of a plan (identical on every rank).
 
@@ -207,7 +217,7 @@ class CPPlan:
         ascending order (``x.shape[axis] == S / P``). Differentiable (an index_select)."""
         import paddle  # noqa: PLC0415
 
-        axis = axis % len(x.shape)
+        axis = _check_axis("dispatch", x, axis)
         if x.shape[axis] != self.layout.seqlen:
             raise ValueError(f"dispatch: x.shape[{axis}] must be the global seqlen {self.layout.seqlen}, "
                              f"got {x.shape[axis]}")
@@ -219,7 +229,7 @@ class CPPlan:
         to compute the same loss on the global tensor)."""
         from .executor import _Undispatch  # noqa: PLC0415
 
-        axis = axis % len(x.shape)
+        axis = _check_axis("undispatch", x, axis)
         if x.shape[axis] != self.local_seqlen:
             raise ValueError(f"undispatch: x.shape[{axis}] must be the local seqlen {self.local_seqlen}, "
                              f"got {x.shape[axis]}")

@@ -1,0 +1,117 @@
+"""Regressions from adversarial testing: inputs that once crashed, misbehaved or were silently wrong."""
+
+import numpy as np
+import paddle
+import pytest
+from paddle.static import InputSpec
+
+import paddle_fm3 as fm3
+from paddle_fm3 import distributed as fm3dist
+from paddle_fm3 import masks
+
+
+def qkv(grad=True):
+    ts = [paddle.randn([1, 16, 2, 8]) for _ in range(3)]
+    for t in ts:
+        t.stop_gradient = not grad
+    return ts
+
+
+def causal_attention(q, k, v):
+    return fm3.flashmask_attention(q, k, v, causal=True)
+
+
+def test_lse_carries_no_gradient_and_lse_only_backward_does_not_crash():
+    q, k, v = qkv()
+    out, lse = fm3.flashmask_attention(q, k, v, causal=True, return_softmax_lse=True)
+    assert lse.stop_gradient  # no silent half-gradient through the lse
+    (out.sum() + lse.sum()).backward()
+    g = q.grad.numpy().copy()
+    q.clear_gradient()
+    fm3.flashmask_attention(q, k, v, causal=True).sum().backward()
+    np.testing.assert_array_equal(g, q.grad.numpy())
+
+
+def test_to_static_first_call_and_dynamic_dims():
+    q, k, v = qkv(grad=False)
+    want = causal_attention(q, k, v).numpy()
+    np.testing.assert_array_equal(paddle.jit.to_static(causal_attention)(q, k, v).numpy(), want)
+    spec = [InputSpec([None, None, 2, 8], "float32")] * 3
+    dyn = paddle.jit.to_static(causal_attention, input_spec=spec, full_graph=True)
+    np.testing.assert_array_equal(dyn(q, k, v).numpy(), want)
+
+
+def test_static_graph_reads_unchecked_indices_with_the_interval_meaning():
+    """Values are validated in dynamic mode only; a static graph reads -5 like 0 (rows >= LTS)."""
+    q, k, v = qkv(grad=False)
+
+    def f(q, k, v, sri):
+        return fm3.flashmask_attention(q, k, v, sri, causal=True)
+
+    spec = [InputSpec([1, 16, 2, 8], "float32")] * 3 + [InputSpec([1, 1, 16, 1], "int32")]
+    sf = paddle.jit.to_static(f, input_spec=spec, full_graph=True)
+    got = sf(q, k, v, paddle.full([1, 1, 16, 1], -5, "int32")).numpy()
+    np.testing.assert_array_equal(got, f(q, k, v, paddle.full([1, 1, 16, 1], 0, "int32")).numpy())
+    assert np.all(got == 0)  # every row masked
+
+
+def test_huge_window_equals_no_window():
+    q, k, v = qkv(grad=False)
+    got = fm3.flashmask_attention(q, k, v, window_size=(2**63 - 1, 0), causal=True)
+    np.testing.assert_array_equal(got.numpy(), causal_attention(q, k, v).numpy())
+
+
+@pytest.mark.parametrize("scale", [1e40, 1e300])
+def test_softmax_scale_beyond_float32_is_rejected(scale):
+    q, k, v = qkv(grad=False)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fm3.flashmask_attention(q, k, v, causal=True, softmax_scale=scale)
+
+
+def test_numpy_scalars_are_accepted():
+    q, k, v = qkv(grad=False)
+    a = fm3.flashmask_attention(q, k, v, causal=np.bool_(True), softmax_scale=np.float32(0.5),
+                                window_size=np.int64(3))
+    b = fm3.flashmask_attention(q, k, v, causal=True, softmax_scale=0.5, window_size=3)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_nan_propagates_instead_of_masking_the_row():
+    q, k, v = qkv(grad=False)
+    qn = q.numpy()
+    qn[0, 3, 0, 0] = np.nan
+    out = fm3.flashmask_attention(paddle.to_tensor(qn), k, v, causal=True).numpy()
+    assert np.isnan(out[0, 3, 0]).all() and not np.isnan(out[0, :3]).any()
+
+
+def test_block_classify_validates_block_mask_and_values():
+    sri = masks.full(2048).startend_row_indices
+    with pytest.raises(ValueError, match="block_mask"):
+        fm3.block_classify(sri, causal=False, seqlen_q=2048, block_m=128, block_n=128,
+                           block_mask=np.zeros([1, 1, 1, 1], np.int32))
+    bad = np.zeros([1, 1, 16, 2], np.int32)
+    bad[..., 0], bad[..., 1] = 9, 2
+    with pytest.raises(ValueError, match="LTS must be <= LTE"):
+        fm3.block_classify(bad, causal=True, seqlen_q=16, block_m=4, block_n=4)
+    with pytest.raises(TypeError):
+        fm3.block_classify(bad.astype(np.float32), causal=True, seqlen_q=16, block_m=4, block_n=4)
+
+
+def test_cp_plan_argument_errors():
+    sri = masks.causal(16).startend_row_indices
+    with pytest.raises(TypeError, match="group"):
+        fm3dist.make_cp_plan(sri, causal=True, group="world")
+    bad = np.zeros([1, 1, 16, 2], np.int32)
+    bad[..., 0], bad[..., 1] = 9, 2
+    with pytest.raises(ValueError, match="LTS must be <= LTE"):
+        fm3dist.make_cp_plan(bad, causal=True)
+    plan = fm3dist.make_cp_plan(sri, causal=True)
+    with pytest.raises(TypeError, match="paddle.Tensor"):
+        plan.dispatch(np.zeros([1, 16, 2, 8], np.float32))
+    with pytest.raises(ValueError, match="axis"):
+        plan.dispatch(paddle.zeros([1, 16, 2, 8]), axis=5)
+
+
+def test_mask_builders_reject_sequences_beyond_int32():
+    with pytest.raises(ValueError, match="int32"):
+        masks.causal_document([2**31, 1])
