@@ -22,6 +22,10 @@ _LAZY = {"flashmask_attention": ("api", "flashmask_attention"), "block_classify"
 
 
 def __getattr__(name):
+    if name in ("kernels", "distributed"):  # subpackages, imported on first use
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         import importlib
 
