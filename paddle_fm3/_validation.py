@@ -19,10 +19,7 @@ def _known(d) -> bool:
     return isinstance(d, int) and d >= 0
 
 
-def check_bool(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
+check_bool = masks._check_bool  # noqa: SLF001 - one bool check for the package (accepts numpy bools)
 
 
 def check_tensor(name: str, x, ndim: int | None = None, dtypes=None) -> None:
@@ -40,7 +37,7 @@ def check_qkv(q, k, v) -> None:
         check_tensor(name, x, 4, FLOAT_DTYPES)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"query, key, value must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    (b, sq, h, d), (bk, sk, hk, dk), (bv, sv, hv, dv) = q.shape, k.shape, v.shape
+    (b, _, h, d), (bk, sk, hk, dk), (bv, sv, hv, dv) = q.shape, k.shape, v.shape
     if _known(b) and not (b == bk == bv):
         raise ValueError(f"batch size mismatch: query {b}, key {bk}, value {bv}")
     if _known(sk) and sk != sv:

@@ -42,13 +42,11 @@ def block_classify(startend_row_indices, *, causal: bool, seqlen_q: int, block_m
     for name, val in (("seqlen_q", seqlen_q), ("block_m", block_m), ("block_n", block_n)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
             raise ValueError(f"{name} must be a positive int, got {val!r}")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     sri = startend_row_indices
     arr = sri.numpy() if isinstance(sri, paddle.Tensor) else np.asarray(sri)
     if isinstance(sri, paddle.Tensor) and sri.dtype != paddle.int32:
         raise TypeError(f"startend_row_indices must be int32, got {sri.dtype}")
-    arr, _ = masks.validate_startend_row_indices(arr, bool(causal), int(seqlen_q))
+    arr, _ = masks.validate_startend_row_indices(arr, causal, int(seqlen_q))  # checks causal too
     sri = paddle.to_tensor(np.ascontiguousarray(arr, dtype=np.int32), place=paddle.CPUPlace())
     if block_mask is not None:
         bm = block_mask.numpy() if isinstance(block_mask, paddle.Tensor) else np.asarray(block_mask)

@@ -110,17 +110,14 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
     const paddle::Tensor& startend_row_indices, const paddle::optional<paddle::Tensor>& block_mask,
     const paddle::Tensor& out, const paddle::Tensor& softmax_lse, const paddle::Tensor& out_grad,
     float softmax_scale, bool causal) {
+  // Empty inputs, or out unused by the loss (only the lse was): zero gradients, no kernel.
+  if (q.numel() == 0 || k.numel() == 0 || !out_grad.defined() || !out_grad.initialized()) {
+    return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
+            paddle::full(v.shape(), 0, v.dtype(), v.place())};
+  }
   auto dq = new_output(q.shape(), q.dtype(), q.place());
   auto dk = new_output(k.shape(), k.dtype(), k.place());
   auto dv = new_output(v.shape(), v.dtype(), v.place());
-  if (q.numel() == 0 || k.numel() == 0) {
-    return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
-            paddle::full(v.shape(), 0, v.dtype(), v.place())};
-  }
-  if (!out_grad.defined() || !out_grad.initialized()) {  // out unused by the loss: no gradient
-    return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
-            paddle::full(v.shape(), 0, v.dtype(), v.place())};
-  }
   PD_CHECK(out_grad.dtype() == q.dtype() && out_grad.shape() == q.shape(), "out_grad must match q's shape and dtype");
   PD_CHECK(softmax_lse.dtype() == paddle::DataType::FLOAT32, "softmax_lse must be float32");
   paddle::Tensor lse = softmax_lse;

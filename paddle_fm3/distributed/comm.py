@@ -14,7 +14,6 @@ The executor and the plan only call :class:`Communicator`; a backend is a small 
 from __future__ import annotations
 
 import abc
-import math
 from typing import List, Sequence, Tuple
 
 __all__ = ["Communicator", "Pending", "PaddleCommunicator", "TorchCommunicator", "PlanOnlyCommunicator",

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import masks as _masks
 from .balance import hcc_ipo
-from .comm import Communicator, PlanOnlyCommunicator, default_communicator
+from .comm import Communicator, default_communicator
 from .localize import localize
 
 __all__ = ["CPLayout", "CPPlan", "make_cp_plan", "make_cp_plans", "build_layout", "segment_summary",

@@ -57,6 +57,33 @@ def _shape(name, x):
     return tuple(int(s) for s in shape)
 
 
+def _common_args(q, k, startend_row_indices, causal, softmax_scale, window_size, stream):
+    """Checks shared by the forward and backward entries; returns (startend_row_indices, scale),
+    the window converted to startend_row_indices as Paddle does."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or stream < 0:
+        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
+    qs, ks = _shape("q", q), _shape("k", k)
+    if len(qs) != 4:
+        raise ValueError(f"q must be 4-D [batch, seqlen_q, num_heads, head_dim], got shape {list(qs)}")
+    if softmax_scale is None:
+        softmax_scale = qs[3] ** -0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    if not softmax_scale > 0:
+        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
+    if window_size is not None:
+        if startend_row_indices is not None:
+            raise ValueError("pass either startend_row_indices or window_size, not both")
+        from .. import masks  # numpy only
+
+        if len(ks) != 4:
+            raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
+        startend_row_indices = masks.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
+    return startend_row_indices, float(softmax_scale)
+
+
 def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
                   softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
                   stream: int = 0) -> None:
@@ -85,29 +112,9 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
         ValueError: shapes, strides, devices, head_dim or scale out of contract.
         RuntimeError: a CUDA error from the kernel launch.
     """
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or stream < 0:
-        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
-    qs = _shape("q", q)
-    if len(qs) != 4:
-        raise ValueError(f"q must be 4-D [batch, seqlen_q, num_heads, head_dim], got shape {list(qs)}")
-    if softmax_scale is None:
-        softmax_scale = qs[3] ** -0.5
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
-    if not softmax_scale > 0:
-        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
-    if window_size is not None:
-        if startend_row_indices is not None:
-            raise ValueError("pass either startend_row_indices or window_size, not both")
-        from .. import masks  # numpy only
-
-        ks = _shape("k", k)
-        if len(ks) != 4:
-            raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
-        startend_row_indices = masks.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
-    _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, causal, float(softmax_scale), int(stream))
+    startend_row_indices, softmax_scale = _common_args(q, k, startend_row_indices, causal, softmax_scale,
+                                                       window_size, stream)
+    _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, causal, softmax_scale, int(stream))
 
 
 def bwd_block_n(head_dim: int) -> int:
@@ -142,35 +149,14 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
         ValueError: shapes, strides, devices, head_dim or scale out of contract.
         RuntimeError: a CUDA error from the kernel launch.
     """
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
-    if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or stream < 0:
-        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
-    qs = _shape("q", q)
-    if len(qs) != 4:
-        raise ValueError(f"q must be 4-D [batch, seqlen_q, num_heads, head_dim], got shape {list(qs)}")
-    for name, x in (("k", k), ("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk),
-                    ("dv", dv)):
+    for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _shape(name, x)
-    if softmax_scale is None:
-        softmax_scale = qs[3] ** -0.5
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
-    if not softmax_scale > 0:
-        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
-    if window_size is not None:
-        if startend_row_indices is not None:
-            raise ValueError("pass either startend_row_indices or window_size, not both")
-        from .. import masks  # numpy only
-
-        ks = _shape("k", k)
-        if len(ks) != 4:
-            raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
-        startend_row_indices = masks.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
+    startend_row_indices, softmax_scale = _common_args(q, k, startend_row_indices, causal, softmax_scale,
+                                                       window_size, stream)
     _ext().bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, causal,
-               float(softmax_scale), deterministic, int(stream))
+               softmax_scale, deterministic, int(stream))
 
 
 def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, block_n: int,
