@@ -203,10 +203,10 @@ def gen_config_header(cfg: dict) -> str:
         lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}, {c['consumer_warpgroups']}) \\")
     if cfg.get("sm90_bwd"):
         lines += ["", "// Hopper backward tile configs: FM3_SM90_BWD_CONFIGS(X) calls",
-                  "// X(head_dim, block_m, block_n) per entry.",
+                  "// X(head_dim, block_m, block_n, stages) per entry.",
                   "#define FM3_SM90_BWD_CONFIGS(X) \\"]
         for c in cfg["sm90_bwd"]:
-            lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}) \\")
+            lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}) \\")
     lines += ["", "}  // namespace fm3", ""]
     return "\n".join(lines)
 

@@ -1,25 +1,49 @@
 #!/usr/bin/env bash
-# One device call: build the DLPack module against the machine's python3, run the GPU tests,
-# compute-sanitizer on a small case, and the benchmark. Expects .devbuild/libfm3_cuda.so
-# (built elsewhere with scripts/gpu_build.sh, or here if nvcc is present). Logs to ${OUT:-.devout}.
-#   TESTS="-x -q tests/gpu" BENCH="--seqlens 32768 --head-dims 128" scripts/gpu_run.sh
+# One device call: build the DLPack module against the machine's python3 on LIB_DIR/libfm3_cuda.so
+# (built elsewhere with scripts/gpu_build.sh, carried), run the GPU tests (forward and backward; every
+# case's backward errors summarized), compute-sanitizer memcheck + racecheck on small forward and
+# backward cases, and the benchmarks. Logs to ${OUT:-.devout}. Each stage has a timeout, so a hang
+# shows as one and the later stages still run.
+#   TESTS="-x -q tests/gpu" BENCH="--seqlens 32768 --head-dims 128" \
+#   BENCH_BWD="--total-tokens 32768 --seqlens 32768 --head-dims 128 --rep 3" scripts/gpu_run.sh
+# TESTS=none / SANITIZE=0 skip a stage; BENCH / BENCH_BWD unset skip the forward / backward benchmark.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-$ROOT/.devout}"
+LIB="${LIB_DIR:-$ROOT/.devbuild}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-[ -f .devbuild/libfm3_cuda.so ] || scripts/gpu_build.sh
-scripts/build_dlpack_ext.sh 2>&1 | tail -3
+[ -f "$LIB/libfm3_cuda.so" ] || scripts/gpu_build.sh "$LIB"
+scripts/build_dlpack_ext.sh "$LIB" 2>&1 | tail -1
 if [ "${TESTS:-}" != "none" ]; then
-  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${TESTS:--q -x tests/gpu} -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -40
+  rm -f "$OUT/bwd_errors.jsonl"
+  FM3_BWD_ERR_LOG="$OUT/bwd_errors.jsonl" timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${TESTS:--q tests/gpu} \
+    -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -30
+  python3 - "$OUT/bwd_errors.jsonl" <<'PY'
+import json, os, sys
+rows = [json.loads(l) for l in open(sys.argv[1])] if os.path.exists(sys.argv[1]) else []
+for dt in ("fp16", "bf16"):
+    r = [x for x in rows if x["dtype"] == dt]
+    if r:
+        print("bwd", dt, len(r), "cases; max rel (Frobenius):", {k: round(max(x["rel"][k] for x in r), 5) for k in ("dq", "dk", "dv")},
+              "max element-wise:", {k: round(max(x["elem"][k] for x in r), 5) for k in ("dq", "dk", "dv")})
+PY
 fi
 if [ "${SANITIZE:-1}" = "1" ]; then
-  for tool in memcheck racecheck; do
-    timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool $tool --error-exitcode 3 python3 tests/gpu/sanitize_case.py > "$OUT/sanitizer_$tool.log" 2>&1
-    echo "compute-sanitizer $tool rc=$? $(tail -2 "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+  for case in sanitize_case sanitize_bwd_case; do
+    for tool in memcheck racecheck; do
+      timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool $tool --error-exitcode 3 python3 tests/gpu/$case.py \
+        > "$OUT/${case}_$tool.log" 2>&1
+      echo "compute-sanitizer $tool $case rc=$? $(tail -2 "$OUT/${case}_$tool.log" | tr '\n' ' ')"
+    done
   done
 fi
-if [ "${BENCH:-none}" != "none" ]; then
-  timeout "${BENCH_TIMEOUT:-300}" python3 scripts/bench_attention.py $BENCH --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
+if [ -n "${BENCH:-}" ]; then
+  timeout "${BENCH_TIMEOUT:-300}" python3 scripts/bench_attention.py $BENCH --out "$OUT/bench.json" 2>&1 \
+    | tee "$OUT/bench.log" | tail -30
+fi
+if [ -n "${BENCH_BWD:-}" ]; then
+  timeout "${BENCH_TIMEOUT:-300}" python3 scripts/bench_attention.py --bwd $BENCH_BWD --out "$OUT/bwd_bench.json" 2>&1 \
+    | tee "$OUT/bwd_bench.log" | tail -20
 fi

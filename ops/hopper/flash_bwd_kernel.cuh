@@ -35,9 +35,13 @@
 #include <stdint.h>
 
 #include "fm3/mask.h"
+#include "mask_scheduler.cuh"  // compact_window
 #include "mma_sm80.cuh"
 
 namespace fm3::hopper::bwd {
+
+// Rows of lse2/delta per (batch, head) are padded to a multiple of this.
+constexpr int kLsePad = 128;
 
 struct BwdArgs {
   const void* q;
@@ -48,14 +52,15 @@ struct BwdArgs {
   void* dk;
   void* dv;
   float* dq_accum;         // [batch, num_heads, seqlen_q, head_dim] fp32, zeroed (atomic mode)
-  const float* lse2;       // [batch, num_heads, seqlen_q], log2 units, +inf for empty rows
-  const float* delta;      // [batch, num_heads, seqlen_q]
+  const float* lse2;       // [batch, num_heads, lse_stride], log2 units, +inf for empty rows and padding
+  const float* delta;      // [batch, num_heads, lse_stride], 0 in the padding
   const int32_t* sri;
   const int32_t* block_mask;
   const BlockSummary* summary;  // [batch, mask_heads, n_kblocks] with block_n = kBlockN; nullptr if sri == nullptr
   int64_t q_bs, q_rs, q_hs, k_bs, k_rs, k_hs, v_bs, v_rs, v_hs, o_bs, o_rs, o_hs;
   int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, mask_heads, mask_cols;
   int bm_rows, bm_cols;
+  int lse_stride;    // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
   float scale_log2;  // softmax_scale * log2(e)
   float scale;       // softmax_scale
   bool causal;
@@ -118,33 +123,6 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
     const T* src = g + static_cast<int64_t>(row0 + (ok ? r : 0)) * row_stride + c * 8;
     cp_async_16(smem_u32(s + swz<kHeadDim>(r, c)), src, ok ? 16 : 0);
   }
-}
-
-// Compacts the items [first, first + kThreads) of [0, n_items) that classify()
-// does not call fully masked into list[0, count), ascending, each packed as
-// item * 2 + partial. All threads call it; it ends with __syncthreads.
-template <int kThreads, class Classify>
-__device__ __forceinline__ int compact_window(const Classify& classify, int first, int n_items, int* list,
-                                              int* warp_counts) {
-  constexpr int kWarps = kThreads / 32;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int item = first + tid;
-  TileClass c = kFullyMasked;
-  if (item < n_items) c = classify(item);
-  const bool keep = c != kFullyMasked;
-  const unsigned ballot = __ballot_sync(0xffffffffu, keep);
-  if (lane == 0) warp_counts[warp] = __popc(ballot);
-  __syncthreads();
-  int offset = 0, total = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const int n = warp_counts[w];
-    offset += w < warp ? n : 0;
-    total += n;
-  }
-  if (keep) list[offset + __popc(ballot & ((1u << lane) - 1u))] = item * 2 + (c == kPartial ? 1 : 0);
-  __syncthreads();
-  return total;
 }
 
 // Class of (query rows [m0, m0 + kBlockM), key columns [n0, n0 + kBlockN)),
@@ -374,14 +352,14 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
     const T* qg = static_cast<const T*>(a.q) + b * a.q_bs + h * a.q_hs;
     const T* dog = static_cast<const T*>(a.dout) + b * a.o_bs + h * a.o_hs;
     const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
-    const float* lse2 = a.lse2 + bh * a.seqlen_q;
-    const float* delta = a.delta + bh * a.seqlen_q;
+    const float* lse2 = a.lse2 + bh * a.lse_stride;
+    const float* delta = a.delta + bh * a.lse_stride;
     auto classify = [&](int mt) {
       return classify_pair(summ, bm, a.bm_cols, mt * kBlockM, kBlockM, n0, kBlockN, a.seqlen_q, a.seqlen_k,
                            a.causal, causal_offset);
     };
     auto load_q = [&](int entry, int stage) {
-      const int m0 = (entry >> 1) * kBlockM;
+      const int m0 = BlockEntry::block(entry) * kBlockM;
       load_tile<T, D, kBlockM, kThreads>(sQ + stage * Tr::kQElems, qg, a.q_rs, m0, a.seqlen_q - m0);
       load_tile<T, D, kBlockM, kThreads>(sdO + stage * Tr::kQElems, dog, a.o_rs, m0, a.seqlen_q - m0);
       cp_async_commit();
@@ -392,8 +370,8 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
       load_q(sList[0], 0);
       for (int i = 0; i < count; ++i) {
         const int entry = sList[i], stage = i & 1;
-        const int m0 = (entry >> 1) * kBlockM;
-        const bool partial = entry & 1;
+        const int m0 = BlockEntry::block(entry) * kBlockM;
+        const bool partial = BlockEntry::partial(entry);
         if (i + 1 < count) {
           load_q(sList[i + 1], stage ^ 1);
           cp_async_wait<1>();
@@ -485,8 +463,8 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
   const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
   const BlockSummary* summ = a.summary ? a.summary + bhm * n_kblocks : nullptr;
   const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
-  const float* lse2 = a.lse2 + bh * a.seqlen_q;
-  const float* delta = a.delta + bh * a.seqlen_q;
+  const float* lse2 = a.lse2 + bh * a.lse_stride;
+  const float* delta = a.delta + bh * a.lse_stride;
 
   const T* qg = static_cast<const T*>(a.q) + b * a.q_bs + h * a.q_hs;
   const T* dog = static_cast<const T*>(a.dout) + b * a.o_bs + h * a.o_hs;
@@ -508,7 +486,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
                          causal_offset);
   };
   auto load_kv = [&](int entry, int stage) {
-    const int n0 = (entry >> 1) * kBlockN;
+    const int n0 = BlockEntry::block(entry) * kBlockN;
     load_tile<T, D, kBlockN, kThreads>(sK + stage * Tr::kKElems, kg, a.k_rs, n0, a.seqlen_k - n0);
     load_tile<T, D, kBlockN, kThreads>(sV + stage * Tr::kKElems, vg, a.v_rs, n0, a.seqlen_k - n0);
     cp_async_commit();
@@ -519,8 +497,8 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
     load_kv(sList[0], 0);
     for (int i = 0; i < count; ++i) {
       const int entry = sList[i], stage = i & 1;
-      const int n0 = (entry >> 1) * kBlockN;
-      const bool partial = entry & 1;
+      const int n0 = BlockEntry::block(entry) * kBlockN;
+      const bool partial = BlockEntry::partial(entry);
       if (partial) stage_columns<kBlockN, kThreads>(sCB, sri, n0, a, causal_offset);
       if (i + 1 < count) {
         load_kv(sList[i + 1], stage ^ 1);
@@ -561,18 +539,26 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
 
 // ---------------------------------------------------------------------------
 // delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] (fp32) and
-// lse2[b, h, i] = lse * log2(e), +inf where lse = -inf (no visible key).
-// One warp per row; grid.x * 8 warps >= batch * num_heads * seqlen_q.
+// lse2[b, h, i] = lse * log2(e), +inf where lse = -inf (no visible key);
+// rows i in [seqlen_q, lse_stride) are padding: lse2 = +inf, delta = 0.
+// One warp per row; grid.x * 8 warps >= batch * num_heads * lse_stride.
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
     bwd_preprocess_kernel(const T* __restrict__ out, const T* __restrict__ dout, const float* __restrict__ lse,
                           float* __restrict__ delta, float* __restrict__ lse2, int64_t o_bs, int64_t o_rs,
-                          int64_t o_hs, int num_heads, int seqlen_q, int64_t n_rows) {
+                          int64_t o_hs, int num_heads, int seqlen_q, int lse_stride, int64_t n_rows) {
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (w >= n_rows) return;
-  const int i = static_cast<int>(w % seqlen_q);
-  const int64_t bh = w / seqlen_q;
+  const int i = static_cast<int>(w % lse_stride);
+  const int64_t bh = w / lse_stride;
+  if (i >= seqlen_q) {
+    if (lane == 0) {
+      delta[w] = 0.f;
+      lse2[w] = CUDART_INF_F;
+    }
+    return;
+  }
   const int h = static_cast<int>(bh % num_heads), b = static_cast<int>(bh / num_heads);
   const int64_t off = b * o_bs + static_cast<int64_t>(i) * o_rs + h * o_hs;
   constexpr int kChunks = kHeadDim / 8;
@@ -588,7 +574,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (lane == 0) {
-    const float l = lse[w];
+    const float l = lse[bh * seqlen_q + i];
     delta[w] = sum;
     lse2[w] = l == -CUDART_INF_F ? CUDART_INF_F : l * 1.4426950408889634f;
   }

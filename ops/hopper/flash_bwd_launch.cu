@@ -11,9 +11,14 @@
 #include <cstdarg>
 #include <cstdio>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "flash_bwd_kernel.cuh"
+#include "flash_bwd_wgmma.cuh"
 #include "fm3_cuda.h"
 #include "fm3_generated_config.h"
+#include "tma_map.cuh"
 
 namespace fm3::hopper::bwd {
 namespace {
@@ -37,51 +42,95 @@ int fail(char* err, size_t len, const char* fmt, ...) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 int bwd_block_n(int head_dim) {
-#define FM3_X(hd, bm, bn) \
+#define FM3_X(hd, bm, bn, st) \
   if (head_dim == hd) return bn;
   FM3_SM90_BWD_CONFIGS(FM3_X)
 #undef FM3_X
   return 0;
 }
 
+// dq = softmax_scale * dq_accum (atomic mode), or the row-parallel deterministic dQ pass.
 template <typename T, int D, int BM, int BN>
-int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
+int launch_dq(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
   using Tr = BwdTraits<T, D, BM, BN>;
-  const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
-  const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
   if (deterministic) {
-    auto col = flash_bwd_kernel<T, D, BM, BN, false>;
-    FM3_BWD_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
-    col<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kColSmem, stream>>>(args);
-    FM3_BWD_CHECK(cudaGetLastError());
+    const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
     auto row = flash_bwd_dq_kernel<T, D, BM, BN>;
     FM3_BWD_CHECK(cudaFuncSetAttribute(row, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kRowSmem)));
     row<<<dim3(n_mtiles, args.num_heads, args.batch), Tr::kThreads, Tr::kRowSmem, stream>>>(args);
-    FM3_BWD_CHECK(cudaGetLastError());
   } else {
-    auto col = flash_bwd_kernel<T, D, BM, BN, true>;
-    FM3_BWD_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
-    col<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kColSmem, stream>>>(args);
-    FM3_BWD_CHECK(cudaGetLastError());
     const int64_t n_chunks = static_cast<int64_t>(args.batch) * args.num_heads * args.seqlen_q * (D / 8);
     bwd_convert_dq_kernel<T, D><<<static_cast<unsigned>((n_chunks + 255) / 256), 256, 0, stream>>>(
         args.dq_accum, static_cast<T*>(args.dq), args.q_bs, args.q_rs, args.q_hs, args.num_heads, args.seqlen_q,
         args.scale, n_chunks);
-    FM3_BWD_CHECK(cudaGetLastError());
   }
+  FM3_BWD_CHECK(cudaGetLastError());
   return 0;
+}
+
+// Step 1: mma.sync column-parallel kernel (every config).
+template <typename T, int D, int BM, int BN>
+int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
+  using Tr = BwdTraits<T, D, BM, BN>;
+  const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
+  auto col = deterministic ? flash_bwd_kernel<T, D, BM, BN, false> : flash_bwd_kernel<T, D, BM, BN, true>;
+  FM3_BWD_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
+  col<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kColSmem, stream>>>(args);
+  FM3_BWD_CHECK(cudaGetLastError());
+  return launch_dq<T, D, BM, BN>(args, deterministic, stream, err, err_len);
+}
+
+// Step 2: warp-specialized TMA + WGMMA kernel, for the configs it covers (head_dim 64/128,
+// block_m 64, block_n 128) unless FM3_BWD_KERNEL=mma_sync asks for step 1 (read per call, so a
+// test can switch paths in-process). Returns -1 when not applicable (layout TMA cannot describe).
+constexpr bool wgmma_covers(int hd, int bm, int bn) { return (hd == 64 || hd == 128) && bm == 64 && bn == 128; }
+
+bool force_mma_sync() {
+  const char* e = std::getenv("FM3_BWD_KERNEL");
+  return e != nullptr && std::strcmp(e, "mma_sync") == 0;
+}
+
+template <typename T, int D, int BM, int BN, int ST>
+int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStream_t stream, char* err,
+                 size_t err_len) {
+  if (force_mma_sync()) return -1;
+  CUtensorMap mq, mk, mv, mdo;
+  if (!make_tma_map<T>(&mq, args.q, head_dim, args.seqlen_q, args.num_heads, args.batch, args.q_rs, args.q_hs,
+                       args.q_bs, BM) ||
+      !make_tma_map<T>(&mdo, args.dout, head_dim, args.seqlen_q, args.num_heads, args.batch, args.o_rs, args.o_hs,
+                       args.o_bs, BM) ||
+      !make_tma_map<T>(&mk, args.k, head_dim, args.seqlen_k, args.num_heads_k, args.batch, args.k_rs, args.k_hs,
+                       args.k_bs, BN) ||
+      !make_tma_map<T>(&mv, args.v, head_dim, args.seqlen_k, args.num_heads_k, args.batch, args.v_rs, args.v_hs,
+                       args.v_bs, BN))
+    return -1;
+  using Tr = sm90::BwdWgTraits<T, D, BM, BN, ST>;
+  auto kernel = deterministic ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, false>
+                              : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
+  FM3_BWD_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Tr::kSmemBytes)));
+  const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
+  kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
+                                                                                                  mdo);
+  FM3_BWD_CHECK(cudaGetLastError());
+  return launch_dq<T, D, BM, BN>(args, deterministic, stream, err, err_len);
 }
 
 template <typename T>
 int dispatch(const BwdArgs& args, int head_dim, bool deterministic, const void* out, const float* lse,
              cudaStream_t stream, char* err, size_t err_len) {
-#define FM3_X(hd, bm, bn)                                                                                       \
+#define FM3_X(hd, bm, bn, st)                                                                                    \
   if (head_dim == hd) {                                                                                         \
-    const int64_t rows = static_cast<int64_t>(args.batch) * args.num_heads * args.seqlen_q;                     \
+    const int64_t rows = static_cast<int64_t>(args.batch) * args.num_heads * args.lse_stride;                   \
     bwd_preprocess_kernel<T, hd><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(                    \
         static_cast<const T*>(out), static_cast<const T*>(args.dout), lse, const_cast<float*>(args.delta),     \
-        const_cast<float*>(args.lse2), args.o_bs, args.o_rs, args.o_hs, args.num_heads, args.seqlen_q, rows);   \
+        const_cast<float*>(args.lse2), args.o_bs, args.o_rs, args.o_hs, args.num_heads, args.seqlen_q,          \
+        args.lse_stride, rows);                                                                                 \
     FM3_BWD_CHECK(cudaGetLastError());                                                                          \
+    if constexpr (wgmma_covers(hd, bm, bn)) {                                                                   \
+      const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, deterministic, stream, err, err_len);      \
+      if (rc >= 0) return rc;                                                                                   \
+    }                                                                                                           \
     return launch<T, hd, bm, bn>(args, deterministic, stream, err, err_len);                                    \
   }
   FM3_SM90_BWD_CONFIGS(FM3_X)
@@ -173,6 +222,7 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.mask_cols = p->mask_cols;
   a.bm_rows = (p->seqlen_q + fm3::kBlockMaskSize - 1) / fm3::kBlockMaskSize;
   a.bm_cols = (p->seqlen_k + fm3::kBlockMaskSize - 1) / fm3::kBlockMaskSize;
+  a.lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
   a.scale = p->softmax_scale;
   a.scale_log2 = p->softmax_scale * 1.4426950408889634f;
   a.causal = p->causal != 0;
@@ -180,7 +230,7 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   // Workspace: [dq_accum][lse2][delta][summary], each 256-byte aligned.
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * p->seqlen_q;
   const size_t accum_bytes = deterministic ? 0 : round_up(rows * p->head_dim * sizeof(float));
-  const size_t row_bytes = round_up(rows * sizeof(float));
+  const size_t row_bytes = round_up(static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride * sizeof(float));
   const size_t summary_bytes =
       p->startend_row_indices ? round_up(sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * mask_heads * n_kblocks) : 0;
   char* ws = nullptr;

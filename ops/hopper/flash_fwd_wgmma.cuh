@@ -6,17 +6,18 @@
 //   warpgroup 0, the producer (setmaxnreg down to 40 registers): its four warps
 //     run the mask scheduler (mask_scheduler.cuh, on named barrier 1), which
 //     publishes the compacted list of surviving key blocks a window of 128
-//     blocks at a time; warp 0 walks that list and, per block, waits for a free
-//     stage of the kStages-deep shared-memory ring, copies the block's raw mask
-//     columns into the stage when the block is partial, writes the block's
-//     entry (index + partial tag) beside the stage, and issues the TMA loads of
-//     K and V (cp.async.bulk.tensor, 128-byte swizzle) completing on the
-//     stage's "full" mbarrier. An entry of -1 ends the list. Q is loaded once,
-//     on its own mbarrier.
+//     blocks at a time; all four warps walk that list and, per block, wait for
+//     a free stage of the kStages-deep shared-memory ring; when the block is
+//     partial each thread turns one key column's bounds into visibility bits
+//     for the tile's rows (fm3::visible_bits, one 32-bit word per 32 rows);
+//     lane 0 of warp 0 writes the block's entry (index + partial tag) beside
+//     the stage and issues the TMA loads of K and V (cp.async.bulk.tensor,
+//     128-byte swizzle) completing on the stage's "full" mbarrier. An entry of
+//     -1 ends the list. Q is loaded once, on its own mbarrier.
 //   warpgroups 1..kConsumerWGs, the consumers (setmaxnreg up to 232): 64 query
 //     rows each. Per stage: S = Q K^T with wgmma.mma_async (A and B from shared
 //     memory, fp32 accumulators), scale into log2 units, per-element mask
-//     (fm3::visible) only when the entry is tagged partial, online softmax,
+//     (one bit test per element) only when the entry is tagged partial, online softmax,
 //     P re-packed in registers as the A operand, O += P V with wgmma (A from
 //     registers, V from shared memory MN-major), then every consumer thread
 //     arrives on the stage's "empty" mbarrier to hand the stage back.
@@ -67,6 +68,9 @@ struct WgTraits {
   static_assert(kBlockN == 64 || kBlockN == 128, "WGMMA path: block_n 64 or 128");
   static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 2, "64 rows per consumer warpgroup");
   static_assert(kStages >= 2, "at least two stages");
+  static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
+                "a tile must lie inside one block_mask block (apply_block_mask then decides it whole)");
+  static_assert(kBlockN <= kProducerThreads, "one producer thread per key column");
   // setmaxnreg.inc blocks until the registers are free: the per-role budgets must fit in what the CTA
   // got at launch (the __launch_bounds__(kThreads, 1) cap, 65536 / kThreads rounded down to 8, per thread).
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
@@ -78,8 +82,9 @@ struct WgTraits {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
-  static constexpr int kOffMask = kOffV + kStages * kKVBytes;  // kStages x [kBlockN][<= 4] int32
-  static constexpr int kMaskStageInts = 4 * kBlockN;
+  static constexpr int kMaskWords = kBlockM / 32;               // visibility words per key column
+  static constexpr int kOffMask = kOffV + kStages * kKVBytes;  // kStages x [kBlockN][kMaskWords] uint32
+  static constexpr int kMaskStageInts = kMaskWords * kBlockN;
   static constexpr int kOffEntry = kOffMask + kStages * kMaskStageInts * 4;  // kStages int
   static constexpr int kOffList = kOffEntry + 16 * 4;                          // kProducerThreads int
   static constexpr int kOffWarpCounts = kOffList + kProducerThreads * 4;       // 4 int (+pad)
@@ -101,7 +106,7 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   const uint32_t sQ = base_u32 + Tr::kOffQ;
   const uint32_t sK = base_u32 + Tr::kOffK;
   const uint32_t sV = base_u32 + Tr::kOffV;
-  int32_t* sMask = reinterpret_cast<int32_t*>(base + Tr::kOffMask);
+  uint32_t* sMask = reinterpret_cast<uint32_t*>(base + Tr::kOffMask);
   volatile int* sEntry = reinterpret_cast<volatile int*>(base + Tr::kOffEntry);
   int* sList = reinterpret_cast<int*>(base + Tr::kOffList);
   int* sWarpCounts = reinterpret_cast<int*>(base + Tr::kOffWarpCounts);
@@ -124,7 +129,7 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(bar_full + 8 * s, 32);                         // every lane of producer warp 0
+      mbar_init(bar_full + 8 * s, Tr::kProducerThreads);       // every producer thread
       mbar_init(bar_empty + 8 * s, Tr::kConsumerWarps * 32);  // every consumer thread
     }
     mbar_init(bar_q, 1);
@@ -159,21 +164,21 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
     int stage = 0, phase = 0;
     for (int first = 0; first < n_blocks; first += Tr::kProducerThreads) {
       const int count = schedule_window<Tr::kProducerThreads, 1>(tm, first, sList, sWarpCounts);
-      if (warp != 0) continue;
       for (int i = 0; i < count; ++i) {
         const int entry = sList[i];
         const int n0 = BlockEntry::block(entry) * kBlockN;
         mbar_wait(bar_empty + 8 * stage, phase ^ 1);
-        if (BlockEntry::partial(entry) && sri != nullptr) {  // the block's mask columns ride along
-          const int n = kBlockN * a.mask_cols, valid = min(kBlockN, a.seqlen_k - n0) * a.mask_cols;
-          const int32_t* src = sri + static_cast<int64_t>(n0) * a.mask_cols;
-          int32_t* dst = sMask + stage * Tr::kMaskStageInts;
-          for (int j = lane; j < n; j += 32) dst[j] = j < valid ? __ldg(src + j) : 0;
+        if (BlockEntry::partial(entry) && tid < kBlockN) {  // this thread's key column as visibility bits
+          const ColumnBounds cb =
+              column_bounds(sri, n0 + tid, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, causal_offset);
+          uint32_t* dst = sMask + stage * Tr::kMaskStageInts + tid * Tr::kMaskWords;
+#pragma unroll
+          for (int w = 0; w < Tr::kMaskWords; ++w) dst[w] = visible_bits(cb, m0 + 32 * w);
         }
-        // Every lane arrives on "full" after its own stores (release); lane 0 also
+        // Every producer thread arrives on "full" after its own stores (release); thread 0 also
         // arms the transaction count and issues the TMA loads.
         const uint32_t full = bar_full + 8 * stage;
-        if (lane == 0) {
+        if (tid == 0) {
           sEntry[stage] = entry;
           mbar_arrive_expect_tx(full, 2 * Tr::kKVBytes);
 #pragma unroll
@@ -190,11 +195,10 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
         }
       }
     }
-    if (warp == 0) {  // end of list
-      mbar_wait(bar_empty + 8 * stage, phase ^ 1);
-      if (lane == 0) sEntry[stage] = -1;
-      mbar_arrive(bar_full + 8 * stage);
-    }
+    // End of list: every producer thread arrives once more (the barrier counts all of them).
+    mbar_wait(bar_empty + 8 * stage, phase ^ 1);
+    if (tid == 0) sEntry[stage] = -1;
+    mbar_arrive(bar_full + 8 * stage);
     return;
   }
 
@@ -237,25 +241,20 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   // row_max / row_sum; S becomes P (unnormalized, fp32); returns the two rows'
   // rescale factors for O.
   auto softmax = [&](float (&s)[kS], int entry, int stage_, float (&alpha)[2]) {
-    const int n0 = BlockEntry::block(entry) * kBlockN;
 #pragma unroll
     for (int i = 0; i < kS; ++i) s[i] *= a.scale_log2;
     if (BlockEntry::partial(entry)) {
-      const int32_t* raw = sMask + stage_ * Tr::kMaskStageInts;
+      // This thread's rows row_base and row_base + 8 lie in one 32-row word of each column.
+      const uint32_t* bits = sMask + stage_ * Tr::kMaskStageInts + row_base / 32;
+      const int shift = row_base % 32;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int cl = j * 8 + 2 * t + c, col = n0 + cl;
-          const ColumnBounds cb = sri != nullptr
-              ? load_column(raw + cl * a.mask_cols, col, a.mask_cols, a.causal, a.seqlen_q, causal_offset)
-              : ColumnBounds{a.seqlen_q, a.seqlen_q, 0, 0};
+          const uint32_t w = bits[(j * 8 + 2 * t + c) * Tr::kMaskWords] >> shift;
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int row = m0 + row_base + r * 8;
-            if (col >= a.seqlen_k || !visible(cb, row, col, a.causal, causal_offset, bm, a.bm_cols))
-              s[j * 4 + 2 * r + c] = -CUDART_INF_F;
-          }
+          for (int r = 0; r < 2; ++r)
+            if (!((w >> (8 * r)) & 1u)) s[j * 4 + 2 * r + c] = -CUDART_INF_F;
         }
     }
 #pragma unroll

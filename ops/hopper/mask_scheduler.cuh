@@ -56,22 +56,24 @@ __device__ __forceinline__ void sync_scheduler() {
   }
 }
 
-// Classify key blocks [first, first + kThreads) and write the survivors, in
-// ascending block order, to list[0, count). All kThreads threads must call it;
-// it ends with a barrier (see kBarrier), after which list and the return value are valid
-// in every thread. warp_counts: shared int[kThreads / 32].
+// Classify items [first, first + kThreads) of [0, n_items) with classify(item)
+// (key blocks of a query tile in the forward, query tiles of a key block in the
+// backward) and write the survivors, ascending, to list[0, count) as
+// BlockEntry::pack(item, partial). All kThreads threads must call it; it ends
+// with a barrier (see kBarrier), after which list and the return value are
+// valid in every thread. warp_counts: shared int[kThreads / 32].
 // kBarrier = 0 synchronizes with __syncthreads (all threads of the CTA take
 // part); kBarrier > 0 uses that named barrier, and only threads
 // [0, kThreads) of the CTA call it (the producer warpgroup of the
-// warp-specialized kernel).
-template <int kThreads, int kBarrier = 0>
-__device__ __forceinline__ int schedule_window(const TileMask& tm, int first, int* list,
-                                               int* warp_counts) {
+// warp-specialized kernels).
+template <int kThreads, int kBarrier = 0, class Classify>
+__device__ __forceinline__ int compact_window(const Classify& classify, int first, int n_items, int* list,
+                                              int* warp_counts) {
   constexpr int kWarps = kThreads / 32;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int nb = first + tid;
+  const int item = first + tid;
   TileClass c = kFullyMasked;
-  if (nb < tm.n_blocks) c = tm.classify(nb);
+  if (item < n_items) c = classify(item);
   const bool keep = c != kFullyMasked;
   const unsigned ballot = __ballot_sync(0xffffffffu, keep);
   if (lane == 0) warp_counts[warp] = __popc(ballot);
@@ -83,9 +85,16 @@ __device__ __forceinline__ int schedule_window(const TileMask& tm, int first, in
     offset += w < warp ? n : 0;
     total += n;
   }
-  if (keep) list[offset + __popc(ballot & ((1u << lane) - 1u))] = BlockEntry::pack(nb, c == kPartial);
+  if (keep) list[offset + __popc(ballot & ((1u << lane) - 1u))] = BlockEntry::pack(item, c == kPartial);
   sync_scheduler<kThreads, kBarrier>();
   return total;
+}
+
+// The forward's window: key blocks of one query tile.
+template <int kThreads, int kBarrier = 0>
+__device__ __forceinline__ int schedule_window(const TileMask& tm, int first, int* list, int* warp_counts) {
+  return compact_window<kThreads, kBarrier>([&](int nb) { return tm.classify(nb); }, first, tm.n_blocks, list,
+                                            warp_counts);
 }
 
 }  // namespace fm3::hopper

@@ -60,6 +60,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// 1-D bulk copy of `bytes` (multiple of 16, 16-byte aligned ends) completing on an mbarrier.
+__device__ __forceinline__ void bulk_load_1d(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// Make this thread's generic-proxy shared-memory writes visible to the async proxy (WGMMA operands).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -100,6 +108,7 @@ struct GmmaAtoms;
   struct GmmaAtoms<TYPE, N> {                                                   \
     using SS = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::K, G::Major::K>;     \
     using RS = G::MMA_64x##N##x16_F32##NAME##_RS<G::Major::K, G::Major::MN>;    \
+    using SS_MN = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::MN, G::Major::MN>; \
   };
 FM3_GMMA_ATOMS(__nv_bfloat16, 64, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 128, BF16BF16)
@@ -123,6 +132,11 @@ __device__ __forceinline__ void gmma_rs_impl(const uint32_t (&a)[4], uint64_t db
 template <typename T, int N>
 __device__ __forceinline__ void gmma_ss(uint64_t da, uint64_t db, float (&d)[N / 2], bool accumulate) {
   gmma_ss_impl<typename GmmaAtoms<T, N>::SS, N / 2>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
+}
+// D[64 x N] (+)= A[64 x 16] * B[16 x N], both from smem and MN-major (A stored [k][m], B [k][n]).
+template <typename T, int N>
+__device__ __forceinline__ void gmma_ss_mn(uint64_t da, uint64_t db, float (&d)[N / 2], bool accumulate) {
+  gmma_ss_impl<typename GmmaAtoms<T, N>::SS_MN, N / 2>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
 }
 // D[64 x N] += A[64 x 16] (registers, the mma.m16n8k16 A layout per warp) * B (smem, MN-major).
 template <typename T, int N>

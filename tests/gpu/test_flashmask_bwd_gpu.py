@@ -298,3 +298,15 @@ def test_bad_arguments():
         kernels.flashmask_bwd(q, k, v, out, lse, do, bad, dq, dk, dv, causal=True)  # C=4 needs causal=False
     with pytest.raises(ValueError):
         kernels.flashmask_bwd(q.cpu(), k, v, out, lse, do, None, dq, dk, dv, causal=True)
+
+
+# The mma.sync (step-1) backward stays the kernel for head dim 256 and layouts TMA cannot describe;
+# FM3_BWD_KERNEL=mma_sync forces it, so it keeps being checked at the head dims WGMMA now serves.
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
+def test_mma_sync_fallback(d, dtype, deterministic, monkeypatch):
+    monkeypatch.setenv("FM3_BWD_KERNEL", "mma_sync")
+    for i, family in enumerate(["causal", "document", "random_eviction", "global_sliding_window"]):
+        sri, causal = family_mask(family, 333, 500 + i)
+        q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES[dtype], 600 + i)
+        check_bwd(q, k, v, sri, causal, dtype, deterministic=deterministic, seed=600 + i)

@@ -67,6 +67,30 @@ FM3_HD bool row_masked(const ColumnBounds& c, int row) {
   return (row >= c.lts && row < c.lte) || (row >= c.uts && row < c.ute);
 }
 
+// Bounds of key column j for any mask input: read from sri = &startend_row_indices[b, hm, 0, 0]
+// when given, else the empty mask with, if causal, the causal triangle; a column at or past
+// seqlen_k masks every row. With this, row_masked() alone decides visibility (block_mask aside).
+FM3_HD ColumnBounds column_bounds(const int32_t* sri, int j, int seqlen_q, int seqlen_k, int mask_cols,
+                                  bool causal, int causal_offset) {
+  if (j >= seqlen_k) return ColumnBounds{0, seqlen_q, 0, 0};
+  if (sri != nullptr) return load_column(sri + static_cast<int64_t>(j) * mask_cols, j, mask_cols, causal, seqlen_q,
+                                         causal_offset);
+  const int first_row = j - causal_offset;
+  const int ute = !causal || first_row < 0 ? 0 : (first_row > seqlen_q ? seqlen_q : first_row);
+  return ColumnBounds{seqlen_q, seqlen_q, 0, ute};
+}
+
+// Visibility of rows [r0, r0 + 32) of a column as bits: bit i set iff row r0 + i is not masked
+// (the partial-tile mask of the Hopper forward, built once per column by the producer).
+FM3_HD uint32_t rows_below_bits(int n) {  // bits [0, n), n clamped to [0, 32]
+  return n <= 0 ? 0u : (n >= 32 ? 0xffffffffu : (1u << n) - 1u);
+}
+FM3_HD uint32_t visible_bits(const ColumnBounds& c, int r0) {
+  const uint32_t lower = rows_below_bits(c.lte - r0) & ~rows_below_bits(c.lts - r0);
+  const uint32_t upper = rows_below_bits(c.ute - r0) & ~rows_below_bits(c.uts - r0);
+  return ~(lower | upper);
+}
+
 // Min/max of each boundary vector over one block of key columns.
 struct BlockSummary {
   int32_t lts_min, lts_max, lte_min, lte_max;
@@ -121,15 +145,16 @@ FM3_HD bool rows_inside(const MaskedRows& r, int m0, int m1) {
 // Classify query rows [m0, m1) against key columns [n0, n1) (both non-empty,
 // already clipped to the sequence) from the block summary of those columns.
 // Conservative: kPartial is always a correct answer; kFullyMasked and
-// kUnmasked are exact claims. The causal triangle is already part of the
-// summary (load_column), so n0, n1, causal and causal_offset are not needed;
-// they stay in the signature for the kernels' call sites.
+// kUnmasked are exact claims. With startend_row_indices the causal triangle is
+// already part of the summary (load_column); the two causal tests below make
+// the answer right also for a summary built without it (no mask given).
 FM3_HD TileClass classify_tile(const BlockSummary& s, int m0, int m1, int n0,
                                int n1, bool causal, int causal_offset) {
-  (void)n0, (void)n1, (void)causal, (void)causal_offset;
+  if (causal && n0 > m1 - 1 + causal_offset) return kFullyMasked;
   if (rows_inside(fully_masked_rows(s), m0, m1)) return kFullyMasked;
   const bool partial = (m0 < s.lte_max && m1 > s.lts_min) ||
-                       (m0 < s.ute_max && m1 > s.uts_min);
+                       (m0 < s.ute_max && m1 > s.uts_min) ||
+                       (causal && n1 - 1 > m0 + causal_offset);
   return partial ? kPartial : kUnmasked;
 }
 

@@ -1,0 +1,359 @@
+// FlashMask backward, step 2 of the Hopper climb: warp-specialized TMA + WGMMA
+// (the FlashAttention-3 backward structure, Shah et al. 2024 §3, made
+// mask-aware as FlashMask, arXiv:2410.01359 §4.3), built for sm_90a.
+//
+// One CTA = one (key block of kBlockN = 128 columns, kv head, batch);
+// 128 * (1 + kBlockN / 64) threads:
+//   warpgroup 0, the producer (setmaxnreg down): TMA-loads K and V once; then,
+//     for every query head of the GQA group, its four warps run the query-tile
+//     scheduler (compact_window over fm3::classify_tile / apply_block_mask of
+//     the key block's summary, named barrier 1), and lane 0 of warp 0 streams
+//     the surviving query tiles -- Q and dO (TMA, 128-byte swizzle), lse2 and
+//     delta (1-D bulk copies) -- into a kStages-deep ring on mbarriers, with the
+//     tile's entry (index + partial tag) and head beside each stage. A fully
+//     masked tile is never loaded. An entry of -1 ends the stream.
+//   warpgroups 1..2, the consumers (setmaxnreg up): 64 keys each. Per tile
+//     (kBlockM = 64 queries), with WGMMA:
+//       S^T = K Q^T, dP^T = V dO^T            (A, B from shared memory)
+//       P^T = exp2(S^T * scale * log2e - lse2), dS^T = P^T (dP^T - delta)
+//         per-element mask only on partial tiles: the thread's two key columns'
+//         row intervals sit in registers for the whole CTA
+//       dV += P^T dO, dK += dS^T Q             (A = P^T / dS^T from registers)
+//       dQ += dS K                              (dS^T staged in shared memory,
+//         MN-major A; split between the warpgroups along the head dim (D=128)
+//         or the keys (D=64)), added into the fp32 workspace with atomics
+//         (red.global.add.v2.f32) -- or left to the deterministic row-parallel
+//         pass (kAtomicDq = false). Measured on the H200 (BENCHMARKS.md): staging
+//         dQ in shared memory and adding it with 256-byte bulk reductions
+//         (cp.reduce.async.bulk) was slower (261 vs 324 TFLOP/s, D=128), and so
+//         was overlapping the P^T / dV work with the dP^T product (register
+//         pressure: 357 -> 327 TFLOP/s).
+//     dK, dV stay in registers over the whole GQA group and are written once.
+// block_mask: a tile lies inside one 128 x 128 block, so apply_block_mask
+// decides it whole and no per-element block_mask lookup is needed.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "flash_bwd_kernel.cuh"  // BwdArgs, classify_pair, no_mask_summary, mask_head
+#include "fm3/mask.h"
+#include "mask_scheduler.cuh"
+#include "mma_sm80.cuh"  // Mma<T>::pack, fast_exp2
+#include "sm90_primitives.cuh"
+
+namespace fm3::hopper::sm90 {
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+struct BwdWgTraits {
+  static constexpr int kConsumerWGs = kBlockN / 64;  // 64 keys per consumer warpgroup
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "WGMMA backward: head dim 64 or 128");
+  static_assert(kBlockM == 64 && kBlockN == 128, "WGMMA backward: 64 x 128 tiles (S^T is 64 keys x 64 queries per warpgroup)");
+  static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
+                "a tile must lie inside one block_mask block");
+  static_assert(kStages >= 2 && kStages <= 16, "stages");
+  // dQ = dS K: along the head dim when each warpgroup has its own 64-column sub-tile, else along the keys.
+  static constexpr bool kDqSplitD = kDChunks == kConsumerWGs;
+  static constexpr int kDqKeys = kDqSplitD ? kBlockN : 64;
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
+                "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
+  // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
+  static constexpr int kKBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T [keys][queries], one 128-byte row per key
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKBytes;
+  static constexpr int kOffQ = kOffV + kKBytes;
+  static constexpr int kOffdO = kOffQ + kStages * kQBytes;
+  static constexpr int kOffdS = kOffdO + kStages * kQBytes;  // 2 buffers (alternate tiles)
+  static constexpr int kOffLse = kOffdS + 2 * kDsBytes;  // kStages x kBlockM fp32
+  static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffEntry = kOffDelta + kStages * kBlockM * 4;  // 16 int
+  static constexpr int kOffHead = kOffEntry + 16 * 4;                    // 16 int
+  static constexpr int kOffList = kOffHead + 16 * 4;                     // 128 int
+  static constexpr int kOffWarpCounts = kOffList + 128 * 4;              // 4 int (+pad)
+  static constexpr int kOffBar = kOffWarpCounts + 16 * 4;                // full[kStages], empty[kStages], kv
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 1);
+  static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
+};
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kAtomicDq>
+__global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
+    flash_bwd_wgmma_kernel(const __grid_constant__ bwd::BwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
+                           const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
+                           const __grid_constant__ CUtensorMap tmap_do) {
+  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;
+  unsigned char* base = smem_raw + (base_u32 - raw_u32);
+  const uint32_t sK = base_u32 + Tr::kOffK, sV = base_u32 + Tr::kOffV;
+  const uint32_t sQ = base_u32 + Tr::kOffQ, sdO = base_u32 + Tr::kOffdO;
+  const uint32_t sdS = base_u32 + Tr::kOffdS;
+  const uint32_t sLse = base_u32 + Tr::kOffLse, sDelta = base_u32 + Tr::kOffDelta;
+  const float* lse_s = reinterpret_cast<const float*>(base + Tr::kOffLse);
+  const float* delta_s = reinterpret_cast<const float*>(base + Tr::kOffDelta);
+  volatile int* sEntry = reinterpret_cast<volatile int*>(base + Tr::kOffEntry);
+  volatile int* sHead = reinterpret_cast<volatile int*>(base + Tr::kOffHead);
+  int* sList = reinterpret_cast<int*>(base + Tr::kOffList);
+  int* sWarpCounts = reinterpret_cast<int*>(base + Tr::kOffWarpCounts);
+  const uint32_t bar_full = base_u32 + Tr::kOffBar;
+  const uint32_t bar_empty = bar_full + 8 * kStages;
+  const uint32_t bar_kv = bar_empty + 8 * kStages;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int nb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int n0 = nb * kBlockN;
+  const int group = a.num_heads / a.num_heads_k;
+  const int n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
+  const int n_kblocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
+  const int causal_offset = a.seqlen_k - a.seqlen_q;
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bar_full + 8 * s, 1);                    // lane 0 of producer warp 0 (+ transaction bytes)
+      mbar_init(bar_empty + 8 * s, 128 * Tr::kConsumerWGs);  // every consumer thread
+    }
+    mbar_init(bar_kv, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ------------------------------ producer ------------------------------
+    reg_dealloc<Tr::kProducerRegs>();
+    if (warp == 0 && lane == 0) {
+      tma_prefetch_desc(&tmap_q);
+      tma_prefetch_desc(&tmap_do);
+      mbar_arrive_expect_tx(bar_kv, 2 * Tr::kKBytes);
+#pragma unroll
+      for (int c = 0; c < Tr::kDChunks; ++c) {
+        tma_load_4d(sK + c * kBlockN * 128, &tmap_k, bar_kv, c * 64, n0, hk, b);
+        tma_load_4d(sV + c * kBlockN * 128, &tmap_v, bar_kv, c * 64, n0, hk, b);
+      }
+    }
+    int stage = 0, phase = 0;
+    for (int h = hk * group; h < (hk + 1) * group; ++h) {
+      const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + bwd::mask_head(a, h);
+      const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+      const BlockSummary summ = a.summary ? a.summary[bhm * n_kblocks + nb] : bwd::no_mask_summary(a.seqlen_q);
+      const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
+      const float* lse2 = a.lse2 + bh * a.lse_stride;
+      const float* delta = a.delta + bh * a.lse_stride;
+      auto classify = [&](int mt) {
+        return bwd::classify_pair(summ, bm, a.bm_cols, mt * kBlockM, kBlockM, n0, kBlockN, a.seqlen_q, a.seqlen_k,
+                                  a.causal, causal_offset);
+      };
+      for (int first = 0; first < n_mtiles; first += 128) {
+        const int count = compact_window<128, 1>(classify, first, n_mtiles, sList, sWarpCounts);
+        if (warp != 0) continue;
+        for (int i = 0; i < count; ++i) {
+          if (lane == 0) {
+            const int entry = sList[i];
+            const int m0 = BlockEntry::block(entry) * kBlockM;
+            mbar_wait(bar_empty + 8 * stage, phase ^ 1);
+            sEntry[stage] = entry;
+            sHead[stage] = h;
+            const uint32_t full = bar_full + 8 * stage;
+            mbar_arrive_expect_tx(full, 2 * Tr::kQBytes + 2 * kBlockM * 4);
+#pragma unroll
+            for (int c = 0; c < Tr::kDChunks; ++c) {
+              tma_load_4d(sQ + stage * Tr::kQBytes + c * kBlockM * 128, &tmap_q, full, c * 64, m0, h, b);
+              tma_load_4d(sdO + stage * Tr::kQBytes + c * kBlockM * 128, &tmap_do, full, c * 64, m0, h, b);
+            }
+            bulk_load_1d(sLse + stage * kBlockM * 4, lse2 + m0, kBlockM * 4, full);
+            bulk_load_1d(sDelta + stage * kBlockM * 4, delta + m0, kBlockM * 4, full);
+          }
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
+        }
+        __syncwarp();
+      }
+    }
+    if (warp == 0 && lane == 0) {  // end of stream
+      mbar_wait(bar_empty + 8 * stage, phase ^ 1);
+      sEntry[stage] = -1;
+      mbar_arrive(bar_full + 8 * stage);
+    }
+    return;
+  }
+
+  // ------------------------------ consumers ------------------------------
+  reg_alloc<Tr::kConsumerRegs>();
+  const int cw = wg - 1;   // consumer warpgroup: keys [cw * 64, cw * 64 + 64) of the block
+  const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
+  const int g = lane / 4, t = lane % 4;
+  const int key_local = cw * 64 + wq * 16 + g;  // this thread's keys: key_local and key_local + 8
+  constexpr int kD = kHeadDim / 2;              // dK / dV accumulators per thread (m64 x kHeadDim)
+  float dk[kD], dv[kD];
+#pragma unroll
+  for (int i = 0; i < kD; ++i) dk[i] = dv[i] = 0.f;
+  ColumnBounds cb[2];
+  int cur_hm = -1;
+  const uint32_t sKw = sK + cw * 64 * 128, sVw = sV + cw * 64 * 128;  // this warpgroup's keys in each sub-tile
+
+  mbar_wait(bar_kv, 0);
+  int stage = 0, phase = 0, iter = 0;
+  for (;; ++iter) {
+    mbar_wait(bar_full + 8 * stage, phase);
+    const int entry = sEntry[stage];
+    if (entry < 0) break;
+    const int h = sHead[stage];
+    const int m0 = BlockEntry::block(entry) * kBlockM;
+    const bool partial = BlockEntry::partial(entry);
+    const int hm = bwd::mask_head(a, h);
+    if (partial && hm != cur_hm) {  // the two key columns' bounds, once per mask head
+      const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
+      const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        cb[r] = column_bounds(sri, n0 + key_local + 8 * r, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal,
+                              causal_offset);
+      cur_hm = hm;
+    }
+    const uint32_t sQs = sQ + stage * Tr::kQBytes, sdOs = sdO + stage * Tr::kQBytes;
+
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries each.
+    float s[32], dp[32];
+    gmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
+      gmma_ss<T, 64>(gmma_desc(sKw + (ks / 4) * kBlockN * 128 + off, 16, 1024),
+                     gmma_desc(sQs + (ks / 4) * kBlockM * 128 + off, 16, 1024), s, ks > 0);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks % 4) * 32;
+      gmma_ss<T, 64>(gmma_desc(sVw + (ks / 4) * kBlockN * 128 + off, 16, 1024),
+                     gmma_desc(sdOs + (ks / 4) * kBlockM * 128 + off, 16, 1024), dp, ks > 0);
+    }
+    gmma_commit();
+    gmma_wait<0>();
+    fence_regs(s);
+    fence_regs(dp);
+
+    // P^T and dS^T (fp32, in place; masked per element on partial tiles), packed as the register
+    // A operands of dV and dK.
+    const float* lse_t = lse_s + stage * kBlockM;
+    const float* delta_t = delta_s + stage * kBlockM;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int ql = j * 8 + 2 * t + c;
+        const float l2 = lse_t[ql], dl = delta_t[ql];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = j * 4 + 2 * r + c;
+          float p = fast_exp2(s[i] * a.scale_log2 - l2);  // lse2 = +inf (empty row, padding): 0
+          if (partial && row_masked(cb[r], m0 + ql)) p = 0.f;
+          s[i] = p;
+          dp[i] = p * (dp[i] - dl);
+        }
+      }
+    uint32_t pp[4][4], pds[4][4];
+#pragma unroll
+    for (int ps = 0; ps < 4; ++ps)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pp[ps][e] = Mma<T>::pack(s[8 * ps + 2 * e], s[8 * ps + 2 * e + 1]);
+        pds[ps][e] = Mma<T>::pack(dp[8 * ps + 2 * e], dp[8 * ps + 2 * e + 1]);
+      }
+    const uint32_t sdSb = sdS + (iter & 1) * Tr::kDsBytes;
+    if constexpr (kAtomicDq) {
+      // dS^T to shared memory, [keys][64 queries], 128-byte rows, 16-byte chunks XOR-swizzled by
+      // (key % 8) as TMA would write it. pds[ps][e]: key row key_local + 8 * (e % 2), queries
+      // 8 * (2 * ps + e / 2) + 2t, +1.
+      unsigned char* dsb = base + Tr::kOffdS + (iter & 1) * Tr::kDsBytes;
+#pragma unroll
+      for (int ps = 0; ps < 4; ++ps)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = key_local + 8 * (e % 2), chunk = 2 * ps + e / 2;
+          *reinterpret_cast<uint32_t*>(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) = pds[ps][e];
+        }
+      fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
+    }
+    // dV += P^T dO, dK += dS^T Q: B = dO / Q [queries][head dim], MN-major (k16 step = 16 query rows).
+    gmma_fence();
+#pragma unroll
+    for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pp[ps], gmma_desc(sdOs + ps * 2048, kBlockM * 128, 1024), dv);
+#pragma unroll
+    for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], gmma_desc(sQs + ps * 2048, kBlockM * 128, 1024), dk);
+    gmma_commit();
+    if constexpr (kAtomicDq) {
+      named_barrier_sync(2, 128 * Tr::kConsumerWGs);  // every warpgroup's dS^T is in shared memory
+      // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys: A = dS^T [keys][queries] and
+      // B = K [keys][head dim], both MN-major (k16 step = 16 key rows = 2048 bytes).
+      const int key0 = Tr::kDqSplitD ? 0 : cw * 64;
+      const uint32_t sKd = sK + (Tr::kDqSplitD ? cw * kBlockN * 128 : 0);
+      float dq[32];
+      gmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
+        gmma_ss_mn<T, 64>(gmma_desc(sdSb + key0 * 128 + ks * 2048, 16, 1024),
+                          gmma_desc(sKd + key0 * 128 + ks * 2048, kBlockN * 128, 1024), dq, ks > 0);
+      gmma_commit();
+      gmma_wait<0>();
+      fence_regs(dq);
+      fence_regs(dk);
+      fence_regs(dv);
+      fence_regs(pp);
+      fence_regs(pds);
+      mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
+      const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
+      float* dqa = a.dq_accum + bh * a.seqlen_q * kHeadDim + (Tr::kDqSplitD ? cw * 64 : 0);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int q = m0 + wq * 16 + g + 8 * r;
+        if (q < a.seqlen_q) {
+          float* dst = dqa + static_cast<int64_t>(q) * kHeadDim + 2 * t;
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j * 4 + 2 * r], dq[j * 4 + 2 * r + 1]));
+        }
+      }
+    } else {
+      (void)sdSb;
+      gmma_wait<0>();
+      fence_regs(dk);
+      fence_regs(dv);
+      fence_regs(pp);
+      fence_regs(pds);
+      mbar_arrive(bar_empty + 8 * stage);
+    }
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+
+  // Epilogue: dK * softmax_scale and dV, 4-byte stores of this thread's two keys.
+  T* dkg = static_cast<T*>(a.dk) + b * a.k_bs + hk * a.k_hs;
+  T* dvg = static_cast<T*>(a.dv) + b * a.v_bs + hk * a.v_hs;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n0 + key_local + 8 * r;
+    if (key < a.seqlen_k) {
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        const int col = 8 * j + 2 * t;
+        *reinterpret_cast<uint32_t*>(dkg + static_cast<int64_t>(key) * a.k_rs + col) =
+            Mma<T>::pack(dk[j * 4 + 2 * r] * a.scale, dk[j * 4 + 2 * r + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(dvg + static_cast<int64_t>(key) * a.v_rs + col) =
+            Mma<T>::pack(dv[j * 4 + 2 * r], dv[j * 4 + 2 * r + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace fm3::hopper::sm90
