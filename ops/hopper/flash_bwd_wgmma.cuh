@@ -26,8 +26,9 @@
 //         pass (kAtomicDq = false). Measured on the H200 (BENCHMARKS.md): staging
 //         dQ in shared memory and adding it with 256-byte bulk reductions
 //         (cp.reduce.async.bulk) was slower (261 vs 324 TFLOP/s, D=128), and so
-//         was overlapping the P^T / dV work with the dP^T product (register
-//         pressure: 357 -> 327 TFLOP/s).
+//         were overlapping the P^T / dV work with the dP^T product (register
+//         pressure: 357 -> 327 TFLOP/s), each warpgroup computing dQ over its own
+//         keys without the cross-warpgroup barrier (277), and a 3-stage ring (355).
 //     dK, dV stay in registers over the whole GQA group and are written once.
 // block_mask: a tile lies inside one 128 x 128 block, so apply_block_mask
 // decides it whole and no per-element block_mask lookup is needed.

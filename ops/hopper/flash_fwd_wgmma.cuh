@@ -39,14 +39,15 @@
 // Consumer loop variant (compile time):
 //   FM3_WGMMA_OVERLAP=0 (default): S GEMM, wait, softmax, P V GEMM, wait; the
 //     two consumer warpgroups overlap each other only through the warp
-//     schedulers. Measured H200, D=128, S=32K: 553 TFLOP/s full, 536 causal.
+//     schedulers. Measured H200, D=128, S=32K: 552 TFLOP/s full, 544 causal.
 //   FM3_WGMMA_OVERLAP=1: software-pipelined (P_{i-1} V_{i-1} in flight during the
 //     softmax of S_i) + ping-pong of the two warpgroups on named barriers.
-//     Correct (all GPU tests, memcheck/racecheck clean) but 306 TFLOP/s full:
-//     with one barrier per K+V stage and 2 stages, a stage is freed only after
-//     the next block's softmax, so the producer runs one block ahead at most and
-//     the TMA latency is exposed. Needs separate K and V barriers (K freed right
-//     after S_i) before it can pay off (FA3's layout).
+//     Correct (all GPU tests, memcheck/racecheck clean) but slower: 306 TFLOP/s
+//     full with this single K+V barrier per stage (the producer runs at most one
+//     block ahead), and still 460 (vs 536 for the default loop on the same
+//     build) with separate K and V barriers (K and the mask bits handed back
+//     after the softmax, V after P V), which also cost the default loop 2-3%;
+//     so neither is kept. The tile sizes leave no room for a third stage.
 #ifndef FM3_WGMMA_OVERLAP
 #define FM3_WGMMA_OVERLAP 0
 #endif
