@@ -2,7 +2,10 @@
 // any tensor that implements __dlpack__ (torch, paddle, cupy, jax; numpy for
 // host-resident masks). Knows no framework: it reads DLPack capsules, checks
 // shapes/dtypes/devices/strides (TypeError / ValueError naming the argument),
-// fills fm3_fwd_params and calls fm3_cuda_fwd.
+// fills fm3_fwd_params and calls fm3_cuda_fwd. Also binds the CPU CP planning
+// kernel fm3_cpu_segment_workload (ops/cpu/segment_workload.cc, compiled in) on
+// numpy arrays, so CP plans can be built where Paddle is absent.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -10,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "fm3/params.h"
 #include "fm3_cuda.h"
 
 namespace py = pybind11;
@@ -342,6 +346,33 @@ void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, 
     throw std::runtime_error(std::string("fm3_cuda_block_summary: ") + err);
 }
 
+// CP workload summary on the host (the fm3_segment_workload op's kernel): (weights int64 [n],
+// needed int32 [n, n]) with n = seqlen / segment_size.
+py::tuple segment_workload(py::array_t<int32_t, py::array::c_style | py::array::forcecast> sri, int segment_size,
+                           int tile, bool causal) {
+  if (sri.ndim() != 4)
+    throw py::value_error("startend_row_indices must be 4-D [batch, mask_heads, seqlen, C], got " +
+                          std::to_string(sri.ndim()) + "-D");
+  const int64_t C = sri.shape(3);
+  if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
+    throw py::value_error(std::string("startend_row_indices.shape[3] must be ") +
+                          (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") + ", got " + std::to_string(C));
+  if (segment_size < 1) throw py::value_error("segment_size must be positive, got " + std::to_string(segment_size));
+  const int64_t n = sri.shape(2) / segment_size;
+  py::array_t<int64_t> weights(n);
+  py::array_t<int32_t> needed({n, n});
+  char err[512] = {0};
+  int rc;
+  {
+    py::gil_scoped_release release;
+    rc = fm3_cpu_segment_workload(sri.data(), static_cast<int>(sri.shape(0)), static_cast<int>(sri.shape(1)),
+                                  static_cast<int>(sri.shape(2)), static_cast<int>(C), causal ? 1 : 0, tile,
+                                  segment_size, weights.mutable_data(), needed.mutable_data(), err, sizeof err);
+  }
+  if (rc != 0) throw py::value_error(std::string("fm3_cpu_segment_workload: ") + err);
+  return py::make_tuple(weights, needed);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_fm3_dlpack, m) {
@@ -355,4 +386,6 @@ PYBIND11_MODULE(_fm3_dlpack, m) {
         py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("block_mask"),
         py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"), py::arg("stream"));
   m.def("bwd_block_n", &fm3_cuda_bwd_block_n, py::arg("head_dim"));
+  m.def("segment_workload", &segment_workload, py::arg("startend_row_indices"), py::arg("segment_size"),
+        py::arg("tile"), py::arg("causal"));
 }

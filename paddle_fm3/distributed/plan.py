@@ -53,24 +53,43 @@ def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size
     """Workload and visibility per segment, from the block classification (ops/include/fm3/mask.h).
 
     Tiles and blocks are ``gcd(segment_size, tile)`` wide. Computed in O(S) per (batch, mask
-    head) by the ``fm3_segment_workload`` op: each key block's fully masked rows become ranges of
-    whole query tiles, so no (tile, block) pair is visited (counting ``block_classify``'s output
-    gives the same numbers at O((S/tile)^2) cost; tests/test_cp_algorithms.py checks it).
+    head) by the C kernel ``fm3_cpu_segment_workload`` (ops/cpu/segment_workload.cc): each key
+    block's fully masked rows become ranges of whole query tiles, so no (tile, block) pair is
+    visited (counting ``block_classify``'s output gives the same numbers at O((S/tile)^2) cost;
+    tests/test_cp_algorithms.py checks it). It runs through the Paddle op ``fm3_segment_workload``
+    when Paddle is importable, else through the DLPack module :mod:`paddle_fm3.kernels` (machines
+    with torch and no Paddle).
 
     Returns:
         ``weights`` int64 ``[n]``: not-fully-masked (query tile, key block) pairs whose query tile
         lies in each segment, summed over batch and mask heads;
         ``needed`` bool ``[n, n]``: ``needed[s, t]`` is False iff every key block of segment ``t`` is
         fully masked for every query tile of segment ``s`` (then ``t``'s KV is never sent for ``s``).
+
+    Raises:
+        ImportError: neither Paddle nor the built DLPack module is available.
     """
-    import paddle  # noqa: PLC0415
-
-    from .._ops import ops  # noqa: PLC0415 - needs the compiled op
-
     g = math.gcd(segment_size, tile)
-    sri = paddle.to_tensor(np.ascontiguousarray(startend_row_indices, dtype=np.int32), place=paddle.CPUPlace())
-    weights, needed = ops.fm3_segment_workload(sri, int(segment_size), int(g), bool(causal))
-    return weights.numpy().astype(np.int64), needed.numpy().astype(bool)
+    sri = np.ascontiguousarray(startend_row_indices, dtype=np.int32)
+    try:
+        import paddle  # noqa: PLC0415
+    except ImportError:
+        paddle = None
+    if paddle is not None:
+        from .._ops import ops  # noqa: PLC0415 - needs the compiled op
+
+        weights, needed = ops.fm3_segment_workload(paddle.to_tensor(sri, place=paddle.CPUPlace()),
+                                                   int(segment_size), int(g), bool(causal))
+        weights, needed = weights.numpy(), needed.numpy()
+    else:
+        from .. import kernels  # noqa: PLC0415
+
+        if not kernels.available():
+            raise ImportError("CP planning needs Paddle (the fm3_segment_workload op) or the DLPack module "
+                              "paddle_fm3.kernels (scripts/gpu_build.sh && scripts/build_dlpack_ext.sh); "
+                              "neither is available")
+        weights, needed = kernels.segment_workload(sri, int(segment_size), int(g), bool(causal))
+    return weights.astype(np.int64), needed.astype(bool)
 
 
 def _check_axis(fn: str, x, axis) -> int:
@@ -188,13 +207,16 @@ class CPPlan:
         segs = self.layout.recv[peer][self.rank]
         return self._rows(self.layout.position[segs])
 
+    def kv_rows(self, source) -> np.ndarray:
+        """Global rows (int64, ascending) of the KV held locally (``source='local'``: also this
+        rank's query rows) or received from peer ``source``: the key columns of :meth:`mask_for`."""
+        return self._rows(self.my_segments if source == "local" else self.layout.recv[self.rank][source])
+
     def _mask_tensor(self, key):
         import paddle  # noqa: PLC0415
 
         if key not in self._cache:
-            segs = self.my_segments if key == "local" else self.layout.recv[self.rank][key]
-            cols = self._rows(segs)
-            arr = np.ascontiguousarray(self.local_mask[:, :, cols, :])
+            arr = np.ascontiguousarray(self.local_mask[:, :, self.kv_rows(key), :])
             self._cache[key] = paddle.to_tensor(arr, dtype="int32", place=paddle.CPUPlace())
         return self._cache[key]
 

@@ -4,7 +4,8 @@ Every tensor argument is any object implementing ``__dlpack__`` (torch, paddle, 
 ``startend_row_indices`` / ``block_mask`` may also be host arrays (numpy), uploaded for the call.
 The compiled pieces are ``libfm3_cuda.so`` (the kernels behind the C ABI of
 ``ops/hopper/fm3_cuda.h``) and the pybind11 module ``_fm3_dlpack`` beside this file, built by
-``scripts/gpu_build.sh`` and ``scripts/build_dlpack_ext.sh``. Importing this package needs
+``scripts/gpu_build.sh`` and ``scripts/build_dlpack_ext.sh``. The module also carries the CPU
+kernel of CP planning (:func:`segment_workload`), which runs without a GPU. Importing this package needs
 neither Paddle nor the compiled module; calling a kernel needs the module (else ``ImportError``
 saying how to build it).
 
@@ -18,7 +19,8 @@ import importlib
 import numbers
 from typing import Optional
 
-__all__ = ["flashmask_fwd", "flashmask_bwd", "block_summary", "block_n", "bwd_block_n", "available"]
+__all__ = ["flashmask_fwd", "flashmask_bwd", "block_summary", "block_n", "bwd_block_n", "segment_workload",
+           "available"]
 
 _EXT = None
 
@@ -167,3 +169,27 @@ def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, blo
     lte_min, lte_max, uts_min, uts_max, ute_min, ute_max (``fm3::BlockSummary``, mask.h).
     """
     _ext().block_summary(startend_row_indices, out, bool(causal), int(seqlen_q), int(block_n), int(stream))
+
+
+def segment_workload(startend_row_indices, segment_size: int, tile: int, causal: bool):
+    """Context-parallel workload per query segment, on the host (no GPU): the kernel of the Paddle
+    op ``fm3_segment_workload`` (``ops/cpu/segment_workload.cc``), for planning without Paddle.
+
+    Args:
+        startend_row_indices: integer ``[B, H_mask, S, C]`` host array (numpy; converted to
+            contiguous int32), a square mask (``S_q == S_k == S``), already validated.
+        segment_size: tokens per segment; ``tile | segment_size | S``.
+        tile: query tile / key block width of the count.
+        causal: the mask's causal flag.
+
+    Returns:
+        ``(weights, needed)``: int64 ``[n]``, the not-fully-masked (query tile, key block) pairs of
+        each query segment summed over batch and mask heads; int32 ``[n, n]``, 1 where query
+        segment ``s`` sees some key of key segment ``t`` (``n = S / segment_size``).
+
+    Raises:
+        TypeError: non-bool ``causal``; ValueError: bad rank, C or sizes.
+    """
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return _ext().segment_workload(startend_row_indices, int(segment_size), int(tile), causal)
