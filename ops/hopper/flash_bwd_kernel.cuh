@@ -34,6 +34,7 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#include "attn_args.h"
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"  // compact_window
 #include "mma_sm80.cuh"
@@ -43,27 +44,17 @@ namespace fm3::hopper::bwd {
 // Rows of lse2/delta per (batch, head) are padded to a multiple of this.
 constexpr int kLsePad = 128;
 
-struct BwdArgs {
-  const void* q;
-  const void* k;
-  const void* v;
-  const void* dout;
-  void* dq;
-  void* dk;
-  void* dv;
+struct BwdArgs : AttnArgs {
+  const void* dout;        // strides o_* (as out)
+  void* dq;                // strides q_*
+  void* dk;                // strides k_*
+  void* dv;                // strides v_*
   float* dq_accum;         // [batch, num_heads, seqlen_q, head_dim] fp32, zeroed (atomic mode)
   const float* lse2;       // [batch, num_heads, lse_stride], log2 units, +inf for empty rows and padding
   const float* delta;      // [batch, num_heads, lse_stride], 0 in the padding
-  const int32_t* sri;
-  const int32_t* block_mask;
   const BlockSummary* summary;  // [batch, mask_heads, n_kblocks] with block_n = kBlockN; nullptr if sri == nullptr
-  int64_t q_bs, q_rs, q_hs, k_bs, k_rs, k_hs, v_bs, v_rs, v_hs, o_bs, o_rs, o_hs;
-  int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, mask_heads, mask_cols;
-  int bm_rows, bm_cols;
-  int lse_stride;    // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
-  float scale_log2;  // softmax_scale * log2(e)
-  float scale;       // softmax_scale
-  bool causal;
+  int lse_stride;          // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
+  float scale;             // softmax_scale
 };
 
 template <typename T, int kHeadDim_, int kBlockM_, int kBlockN_>

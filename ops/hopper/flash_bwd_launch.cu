@@ -8,8 +8,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdarg>
-#include <cstdio>
 
 #include <cstdlib>
 #include <cstring>
@@ -17,29 +15,11 @@
 #include "flash_bwd_kernel.cuh"
 #include "flash_bwd_wgmma.cuh"
 #include "fm3_cuda.h"
+#include "launch_common.h"
 #include "fm3_generated_config.h"
-#include "tma_map.cuh"
 
 namespace fm3::hopper::bwd {
 namespace {
-
-int fail(char* err, size_t len, const char* fmt, ...) {
-  if (err != nullptr && len > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-  }
-  return 1;
-}
-
-#define FM3_BWD_CHECK(expr)                                                                    \
-  do {                                                                                         \
-    cudaError_t e_ = (expr);                                                                   \
-    if (e_ != cudaSuccess) return fail(err, err_len, "%s: %s", #expr, cudaGetErrorString(e_)); \
-  } while (0)
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 int bwd_block_n(int head_dim) {
 #define FM3_X(hd, bm, bn, st) \
@@ -56,7 +36,7 @@ int launch_dq(const BwdArgs& args, bool deterministic, cudaStream_t stream, char
   if (deterministic) {
     const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
     auto row = flash_bwd_dq_kernel<T, D, BM, BN>;
-    FM3_BWD_CHECK(cudaFuncSetAttribute(row, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kRowSmem)));
+    FM3_CUDA_CHECK(cudaFuncSetAttribute(row, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kRowSmem)));
     row<<<dim3(n_mtiles, args.num_heads, args.batch), Tr::kThreads, Tr::kRowSmem, stream>>>(args);
   } else {
     const int64_t n_chunks = static_cast<int64_t>(args.batch) * args.num_heads * args.seqlen_q * (D / 8);
@@ -64,7 +44,7 @@ int launch_dq(const BwdArgs& args, bool deterministic, cudaStream_t stream, char
         args.dq_accum, static_cast<T*>(args.dq), args.q_bs, args.q_rs, args.q_hs, args.num_heads, args.seqlen_q,
         args.scale, n_chunks);
   }
-  FM3_BWD_CHECK(cudaGetLastError());
+  FM3_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
 
@@ -74,9 +54,9 @@ int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* e
   using Tr = BwdTraits<T, D, BM, BN>;
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   auto col = deterministic ? flash_bwd_kernel<T, D, BM, BN, false> : flash_bwd_kernel<T, D, BM, BN, true>;
-  FM3_BWD_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
+  FM3_CUDA_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
   col<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kColSmem, stream>>>(args);
-  FM3_BWD_CHECK(cudaGetLastError());
+  FM3_CUDA_CHECK(cudaGetLastError());
   return launch_dq<T, D, BM, BN>(args, deterministic, stream, err, err_len);
 }
 
@@ -95,24 +75,19 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
                  size_t err_len) {
   if (force_mma_sync()) return -1;
   CUtensorMap mq, mk, mv, mdo;
-  if (!make_tma_map<T>(&mq, args.q, head_dim, args.seqlen_q, args.num_heads, args.batch, args.q_rs, args.q_hs,
-                       args.q_bs, BM) ||
+  if (!make_qkv_maps<T>(args, head_dim, BM, BN, &mq, &mk, &mv) ||
       !make_tma_map<T>(&mdo, args.dout, head_dim, args.seqlen_q, args.num_heads, args.batch, args.o_rs, args.o_hs,
-                       args.o_bs, BM) ||
-      !make_tma_map<T>(&mk, args.k, head_dim, args.seqlen_k, args.num_heads_k, args.batch, args.k_rs, args.k_hs,
-                       args.k_bs, BN) ||
-      !make_tma_map<T>(&mv, args.v, head_dim, args.seqlen_k, args.num_heads_k, args.batch, args.v_rs, args.v_hs,
-                       args.v_bs, BN))
+                       args.o_bs, BM))
     return -1;
   using Tr = sm90::BwdWgTraits<T, D, BM, BN, ST>;
   auto kernel = deterministic ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, false>
                               : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
-  FM3_BWD_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
                                                                                                   mdo);
-  FM3_BWD_CHECK(cudaGetLastError());
+  FM3_CUDA_CHECK(cudaGetLastError());
   return launch_dq<T, D, BM, BN>(args, deterministic, stream, err, err_len);
 }
 
@@ -126,7 +101,7 @@ int dispatch(const BwdArgs& args, int head_dim, bool deterministic, const void* 
         static_cast<const T*>(out), static_cast<const T*>(args.dout), lse, const_cast<float*>(args.delta),     \
         const_cast<float*>(args.lse2), args.o_bs, args.o_rs, args.o_hs, args.num_heads, args.seqlen_q,          \
         args.lse_stride, rows);                                                                                 \
-    FM3_BWD_CHECK(cudaGetLastError());                                                                          \
+    FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
     if constexpr (wgmma_covers(hd, bm, bn)) {                                                                   \
       const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, deterministic, stream, err, err_len);      \
       if (rc >= 0) return rc;                                                                                   \
@@ -140,43 +115,13 @@ int dispatch(const BwdArgs& args, int head_dim, bool deterministic, const void* 
 
 int check_params(const fm3_bwd_params* bp, char* err, size_t err_len) {
   if (bp == nullptr) return fail(err, err_len, "params is NULL");
-  const fm3_fwd_params* p = &bp->fwd;
-  if (p->dtype != FM3_FLOAT16 && p->dtype != FM3_BFLOAT16)
-    return fail(err, err_len, "dtype must be float16 or bfloat16, got enum %d", static_cast<int>(p->dtype));
-  if (p->batch < 1 || p->seqlen_q < 1 || p->seqlen_k < 1 || p->num_heads < 1 || p->num_heads_k < 1)
-    return fail(err, err_len, "batch, seqlen_q, seqlen_k, num_heads, num_heads_k must be >= 1");
-  if (p->num_heads % p->num_heads_k != 0)
-    return fail(err, err_len, "num_heads (%d) must be a multiple of num_heads_k (%d)", p->num_heads, p->num_heads_k);
-  if (bwd_block_n(p->head_dim) == 0)
-    return fail(err, err_len, "head_dim %d has no sm90_bwd config in yaml/kernel_configs.yaml", p->head_dim);
-  if (!p->q || !p->k || !p->v || !p->out || !p->softmax_lse || !bp->dout || !bp->dq || !bp->dk || !bp->dv)
-    return fail(err, err_len, "q, k, v, out, softmax_lse, dout, dq, dk and dv must be non-NULL device pointers");
-  const void* ptrs[] = {p->q, p->k, p->v, p->out, bp->dout, bp->dq, bp->dk, bp->dv};
-  for (const void* ptr : ptrs)
-    if (!aligned16(ptr)) return fail(err, err_len, "q, k, v, out, dout, dq, dk and dv must be 16-byte aligned");
-  const int64_t strides[] = {p->q_batch_stride, p->q_row_stride, p->q_head_stride,
-                             p->k_batch_stride, p->k_row_stride, p->k_head_stride,
-                             p->v_batch_stride, p->v_row_stride, p->v_head_stride,
-                             p->o_batch_stride, p->o_row_stride, p->o_head_stride};
-  for (int64_t s : strides)
-    if (s % 8 != 0)
-      return fail(err, err_len, "every batch/row/head stride must be a multiple of 8 elements, got %lld",
-                  static_cast<long long>(s));
-  if (p->startend_row_indices != nullptr) {
-    const int hm = p->mask_heads;
-    if (hm != 1 && hm != p->num_heads_k && hm != p->num_heads)
-      return fail(err, err_len, "mask_heads must be 1, num_heads_k or num_heads, got %d", hm);
-    const int c = p->mask_cols;
-    const bool ok = p->causal ? (c == 1 || c == 2) : (c == 2 || c == 4);
-    if (!ok)
-      return fail(err, err_len, "mask_cols %d is not valid with causal=%d (causal: 1 or 2; non-causal: 2 or 4)", c,
-                  p->causal);
-  } else if (p->block_mask != nullptr) {
-    const int hm = p->mask_heads;
-    if (hm != 1 && hm != p->num_heads_k && hm != p->num_heads)
-      return fail(err, err_len, "mask_heads must be 1, num_heads_k or num_heads when block_mask is given, got %d", hm);
-  }
-  if (!(p->softmax_scale > 0.f)) return fail(err, err_len, "softmax_scale must be > 0, got %g", p->softmax_scale);
+  const int rc = check_attn_params(&bp->fwd, bwd_block_n(bp->fwd.head_dim) != 0, err, err_len);
+  if (rc != 0) return rc;
+  if (!bp->dout || !bp->dq || !bp->dk || !bp->dv)
+    return fail(err, err_len, "dout, dq, dk and dv must be non-NULL device pointers");
+  const void* grads[] = {bp->dout, bp->dq, bp->dk, bp->dv};
+  for (const void* ptr : grads)
+    if (!aligned16(ptr)) return fail(err, err_len, "dout, dq, dk and dv must be 16-byte aligned");
   return 0;
 }
 
@@ -185,6 +130,7 @@ size_t round_up(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
 }  // namespace
 }  // namespace fm3::hopper::bwd
 
+using namespace fm3::hopper;
 using namespace fm3::hopper::bwd;
 
 extern "C" int fm3_cuda_bwd_block_n(int head_dim) { return bwd_block_n(head_dim); }
@@ -195,37 +141,17 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
   const int block_n = bwd_block_n(p->head_dim);
   const int n_kblocks = (p->seqlen_k + block_n - 1) / block_n;
-  const bool has_mask = p->startend_row_indices != nullptr || p->block_mask != nullptr;
-  const int mask_heads = has_mask && p->mask_heads >= 1 ? p->mask_heads : 1;
   const bool deterministic = bp->deterministic != 0;
 
   BwdArgs a{};
-  a.q = p->q;
-  a.k = p->k;
-  a.v = p->v;
+  fill_attn_args(a, p);
   a.dout = bp->dout;
   a.dq = bp->dq;
   a.dk = bp->dk;
   a.dv = bp->dv;
-  a.sri = p->startend_row_indices;
-  a.block_mask = p->block_mask;
-  a.q_bs = p->q_batch_stride; a.q_rs = p->q_row_stride; a.q_hs = p->q_head_stride;
-  a.k_bs = p->k_batch_stride; a.k_rs = p->k_row_stride; a.k_hs = p->k_head_stride;
-  a.v_bs = p->v_batch_stride; a.v_rs = p->v_row_stride; a.v_hs = p->v_head_stride;
-  a.o_bs = p->o_batch_stride; a.o_rs = p->o_row_stride; a.o_hs = p->o_head_stride;
-  a.batch = p->batch;
-  a.seqlen_q = p->seqlen_q;
-  a.seqlen_k = p->seqlen_k;
-  a.num_heads = p->num_heads;
-  a.num_heads_k = p->num_heads_k;
-  a.mask_heads = mask_heads;
-  a.mask_cols = p->mask_cols;
-  a.bm_rows = (p->seqlen_q + fm3::kBlockMaskSize - 1) / fm3::kBlockMaskSize;
-  a.bm_cols = (p->seqlen_k + fm3::kBlockMaskSize - 1) / fm3::kBlockMaskSize;
   a.lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
   a.scale = p->softmax_scale;
-  a.scale_log2 = p->softmax_scale * 1.4426950408889634f;
-  a.causal = p->causal != 0;
+  const int mask_heads = a.mask_heads;
 
   // Workspace: [dq_accum][lse2][delta][summary], each 256-byte aligned.
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * p->seqlen_q;
@@ -234,7 +160,7 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   const size_t summary_bytes =
       p->startend_row_indices ? round_up(sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * mask_heads * n_kblocks) : 0;
   char* ws = nullptr;
-  FM3_BWD_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), accum_bytes + 2 * row_bytes + summary_bytes + 256, stream));
+  FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), accum_bytes + 2 * row_bytes + summary_bytes + 256, stream));
   a.dq_accum = deterministic ? nullptr : reinterpret_cast<float*>(ws);
   a.lse2 = reinterpret_cast<float*>(ws + accum_bytes);
   a.delta = reinterpret_cast<float*>(ws + accum_bytes + row_bytes);

@@ -18,26 +18,17 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#include "attn_args.h"
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"
 #include "mma_sm80.cuh"
 
 namespace fm3::hopper {
 
-struct FwdArgs {
-  const void* q;
-  const void* k;
-  const void* v;
+struct FwdArgs : AttnArgs {
   void* out;
   float* lse;
-  const int32_t* sri;
-  const int32_t* block_mask;
   const BlockSummary* summary;  // [batch, mask_heads, n_blocks] or nullptr (sri == nullptr)
-  int64_t q_bs, q_rs, q_hs, k_bs, k_rs, k_hs, v_bs, v_rs, v_hs, o_bs, o_rs, o_hs;
-  int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, mask_heads, mask_cols;
-  int bm_rows, bm_cols;
-  float scale_log2;  // softmax_scale * log2(e)
-  bool causal;
 };
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>

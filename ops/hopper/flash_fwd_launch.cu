@@ -5,14 +5,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstdarg>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
 #include "block_summary.cuh"
 #include "fm3_cuda.h"
+#include "launch_common.h"
 #include "fm3_generated_config.h"
 #include "flash_fwd_kernel.cuh"
 #include "flash_fwd_wgmma.cuh"
@@ -25,24 +24,6 @@
 
 namespace fm3::hopper {
 namespace {
-
-int fail(char* err, size_t len, const char* fmt, ...) {
-  if (err != nullptr && len > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-  }
-  return 1;
-}
-
-#define FM3_CUDA_CHECK(expr)                                                               \
-  do {                                                                                     \
-    cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) return fail(err, err_len, "%s: %s", #expr, cudaGetErrorString(e_)); \
-  } while (0)
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <typename T, int D, int BM, int BN>
 int launch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
@@ -77,13 +58,7 @@ template <typename T, int D, int BM, int BN, int ST>
 int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, size_t err_len) {
   if (force_mma_sync()) return -1;
   CUtensorMap mq, mk, mv;
-  if (!make_tma_map<T>(&mq, args.q, head_dim, args.seqlen_q, args.num_heads, args.batch, args.q_rs, args.q_hs,
-                       args.q_bs, BM) ||
-      !make_tma_map<T>(&mk, args.k, head_dim, args.seqlen_k, args.num_heads_k, args.batch, args.k_rs, args.k_hs,
-                       args.k_bs, BN) ||
-      !make_tma_map<T>(&mv, args.v, head_dim, args.seqlen_k, args.num_heads_k, args.batch, args.v_rs, args.v_hs,
-                       args.v_bs, BN))
-    return -1;
+  if (!make_qkv_maps<T>(args, head_dim, BM, BN, &mq, &mk, &mv)) return -1;
   using Tr = sm90::WgTraits<T, D, BM, BN, ST>;
   auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, BM, BN, ST>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -121,36 +96,7 @@ int dispatch(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, 
 
 int check_params(const fm3_fwd_params* p, char* err, size_t err_len) {
   if (p == nullptr) return fail(err, err_len, "params is NULL");
-  if (p->dtype != FM3_FLOAT16 && p->dtype != FM3_BFLOAT16)
-    return fail(err, err_len, "dtype must be float16 or bfloat16, got enum %d", static_cast<int>(p->dtype));
-  if (p->batch < 1 || p->seqlen_q < 1 || p->seqlen_k < 1 || p->num_heads < 1 || p->num_heads_k < 1)
-    return fail(err, err_len, "batch, seqlen_q, seqlen_k, num_heads, num_heads_k must be >= 1");
-  if (p->num_heads % p->num_heads_k != 0)
-    return fail(err, err_len, "num_heads (%d) must be a multiple of num_heads_k (%d)", p->num_heads, p->num_heads_k);
-  if (block_n_for(p->head_dim) == 0)
-    return fail(err, err_len, "head_dim %d has no sm90 config in yaml/kernel_configs.yaml", p->head_dim);
-  if (!p->q || !p->k || !p->v || !p->out || !p->softmax_lse)
-    return fail(err, err_len, "q, k, v, out and softmax_lse must be non-NULL device pointers");
-  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->out))
-    return fail(err, err_len, "q, k, v and out must be 16-byte aligned");
-  const int64_t strides[] = {p->q_batch_stride, p->q_row_stride, p->q_head_stride,
-                             p->k_batch_stride, p->k_row_stride, p->k_head_stride,
-                             p->v_batch_stride, p->v_row_stride, p->v_head_stride,
-                             p->o_batch_stride, p->o_row_stride, p->o_head_stride};
-  for (int64_t s : strides)
-    if (s % 8 != 0) return fail(err, err_len, "every batch/row/head stride must be a multiple of 8 elements, got %lld", static_cast<long long>(s));
-  if (p->startend_row_indices != nullptr) {
-    const int hm = p->mask_heads;
-    if (hm != 1 && hm != p->num_heads_k && hm != p->num_heads)
-      return fail(err, err_len, "mask_heads must be 1, num_heads_k or num_heads, got %d", hm);
-    const int c = p->mask_cols;
-    const bool ok = p->causal ? (c == 1 || c == 2) : (c == 2 || c == 4);
-    if (!ok) return fail(err, err_len, "mask_cols %d is not valid with causal=%d (causal: 1 or 2; non-causal: 2 or 4)", c, p->causal);
-  } else if (p->block_mask != nullptr && p->mask_heads < 1) {
-    return fail(err, err_len, "mask_heads must be >= 1 when block_mask is given");
-  }
-  if (!(p->softmax_scale > 0.f)) return fail(err, err_len, "softmax_scale must be > 0, got %g", p->softmax_scale);
-  return 0;
+  return check_attn_params(p, block_n_for(p->head_dim) != 0, err, err_len);
 }
 
 }  // namespace
@@ -177,31 +123,11 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
   const int block_n = block_n_for(p->head_dim);
   const int n_blocks = (p->seqlen_k + block_n - 1) / block_n;
-  const int mask_heads = p->mask_heads < 1 ? 1 : p->mask_heads;
-
   FwdArgs a{};
-  a.q = p->q;
-  a.k = p->k;
-  a.v = p->v;
+  fill_attn_args(a, p);
   a.out = p->out;
   a.lse = p->softmax_lse;
-  a.sri = p->startend_row_indices;
-  a.block_mask = p->block_mask;
-  a.q_bs = p->q_batch_stride; a.q_rs = p->q_row_stride; a.q_hs = p->q_head_stride;
-  a.k_bs = p->k_batch_stride; a.k_rs = p->k_row_stride; a.k_hs = p->k_head_stride;
-  a.v_bs = p->v_batch_stride; a.v_rs = p->v_row_stride; a.v_hs = p->v_head_stride;
-  a.o_bs = p->o_batch_stride; a.o_rs = p->o_row_stride; a.o_hs = p->o_head_stride;
-  a.batch = p->batch;
-  a.seqlen_q = p->seqlen_q;
-  a.seqlen_k = p->seqlen_k;
-  a.num_heads = p->num_heads;
-  a.num_heads_k = p->num_heads_k;
-  a.mask_heads = mask_heads;
-  a.mask_cols = p->mask_cols;
-  a.bm_rows = (p->seqlen_q + fm3::kBlockMaskSize - 1) / fm3::kBlockMaskSize;
-  a.bm_cols = (p->seqlen_k + fm3::kBlockMaskSize - 1) / fm3::kBlockMaskSize;
-  a.scale_log2 = p->softmax_scale * 1.4426950408889634f;
-  a.causal = p->causal != 0;
+  const int mask_heads = a.mask_heads;
 
   fm3::BlockSummary* summary = nullptr;
   if (p->startend_row_indices != nullptr) {
