@@ -80,11 +80,13 @@ FM3_HD ColumnBounds column_bounds(const int32_t* sri, int j, int seqlen_q, int s
   return ColumnBounds{seqlen_q, seqlen_q, 0, ute};
 }
 
-// Visibility of rows [r0, r0 + 32) of a column as bits: bit i set iff row r0 + i is not masked
-// (the partial-tile mask of the Hopper forward, built once per column by the producer).
-FM3_HD uint32_t rows_below_bits(int n) {  // bits [0, n), n clamped to [0, 32]
+// Bits [0, n) set, n clamped to [0, 32].
+FM3_HD uint32_t rows_below_bits(int n) {
   return n <= 0 ? 0u : (n >= 32 ? 0xffffffffu : (1u << n) - 1u);
 }
+
+// Visibility of rows [r0, r0 + 32) of a column as bits: bit i set iff row r0 + i is not masked
+// (the partial-tile mask of the Hopper forward, built once per column by the producer).
 FM3_HD uint32_t visible_bits(const ColumnBounds& c, int r0) {
   const uint32_t lower = rows_below_bits(c.lte - r0) & ~rows_below_bits(c.lts - r0);
   const uint32_t upper = rows_below_bits(c.ute - r0) & ~rows_below_bits(c.uts - r0);
