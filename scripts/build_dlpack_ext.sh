@@ -4,11 +4,12 @@
 # libfm3_cuda.so beside it. Needs pybind11 and a built libfm3_cuda.so (scripts/gpu_build.sh);
 # no Paddle, no CUDA toolkit (the module only calls the C ABI). The CPU CP-planning kernel
 # (ops/cpu/segment_workload.cc) is compiled in, so CP plans need no Paddle either.
-#   scripts/build_dlpack_ext.sh [LIB_DIR=.devbuild]     (FM3_DLPACK_SRC overrides the source file)
+#   scripts/build_dlpack_ext.sh [LIB_DIR=.devbuild]     (FM3_DLPACK_SRC overrides the source file,
+#   FM3_DLPACK_DST the destination folder: default paddle_fm3/kernels of this checkout)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LIB="${1:-$ROOT/.devbuild}"
-DST="$ROOT/paddle_fm3/kernels"
+DST="${FM3_DLPACK_DST:-$ROOT/paddle_fm3/kernels}"
 SUFFIX="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
 cp "$LIB/libfm3_cuda.so" "$DST/libfm3_cuda.so"
 ${CXX:-c++} -O2 -std=c++17 -shared -fPIC $(python3 -m pybind11 --includes) \

@@ -12,8 +12,12 @@ CUTLASS_INC="${CUTLASS_INC:-$(python3 -c 'import os, cutlass_library; print(os.p
 if [ -z "$CUTLASS_INC" ] || [ ! -d "$CUTLASS_INC/cute" ]; then
   echo "check_cuda_compile: skipped (nvidia-cutlass headers not found; pip install nvidia-cutlass)"; exit 0
 fi
-OUT="$(mktemp -d)"
-trap 'rm -rf "$OUT"' EXIT
+# FM3_BUILD_DIR keeps the build (libfm3_cuda.so) for later steps; else a temporary folder.
+if [ -n "${FM3_BUILD_DIR:-}" ]; then
+  OUT="$FM3_BUILD_DIR"; mkdir -p "$OUT"
+else
+  OUT="$(mktemp -d)"; trap 'rm -rf "$OUT"' EXIT
+fi
 if ! CUTLASS_INC="$CUTLASS_INC" "$ROOT/scripts/gpu_build.sh" "$OUT" >"$OUT/build.log" 2>&1; then
   cat "$OUT/build.log"; echo "check_cuda_compile: FAILED (nvcc)"; exit 1
 fi

@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Fresh machine -> test results: set up the env, build, check that the CUDA
-# sources compile for sm90a (skipped without nvcc), run the CPU test suite.
+# sources compile for sm90a (skipped without nvcc), build the DLPack module on
+# that build, run the CPU test suite.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/setup_env.sh
 . "$ROOT/scripts/setup_env.sh"
-if [ -f "$ROOT/scripts/check_cuda_compile.sh" ]; then bash "$ROOT/scripts/check_cuda_compile.sh"; fi
+BUILD="$ROOT/build/fm3_cuda"
+rm -f "$BUILD/libfm3_cuda.so"
+FM3_BUILD_DIR="$BUILD" bash "$ROOT/scripts/check_cuda_compile.sh"
+# With the CUDA library built (no GPU needed), also build the DLPack module into the installed
+# package, so the tests of its host-side entry (CP planning without Paddle) run too.
+if [ -f "$BUILD/libfm3_cuda.so" ]; then
+  FM3_DLPACK_DST="$(cd / && python -c 'import os, paddle_fm3.kernels as k; print(os.path.dirname(k.__file__))')" \
+    bash "$ROOT/scripts/build_dlpack_ext.sh" "$BUILD"
+fi
 cd "$ROOT"
 # Plain `pytest` (not `python -m pytest`) so the installed package is tested, not the source tree.
 pytest -q --timeout 900 "$@"
