@@ -303,6 +303,18 @@ def main(argv=None):
                     help="build every rank's inputs and print shapes/pairs; no torch, no GPU")
     ap.add_argument("--out", default=None, help="JSON output path (the tables also go to its .md sibling)")
     args = ap.parse_args(argv)
+    positive = dict(ranks=args.ranks, seqlens=args.seqlens, heads=[args.heads], head_dim=[args.head_dim],
+                    reps=[args.reps], check_seqlen=[args.check_seqlen], check_ranks=[args.check_ranks])
+    for name, values in positive.items():
+        if any(v < 1 for v in values):
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {values}")
+    if args.warmup < 0 or args.seed < 0:
+        ap.error("--warmup and --seed must be >= 0")
+    for s_, p_ in [(s_, p_) for s_ in args.seqlens for p_ in args.ranks] + [(args.check_seqlen, args.check_ranks)]:
+        if s_ % (2 * p_):  # zigzag's 2P equal chunks
+            ap.error(f"every S must be divisible by 2P (zigzag's 2P chunks); S={s_}, P={p_}")
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        ap.error(f"--out: folder {os.path.dirname(os.path.abspath(args.out))} does not exist")
     timed = not args.plan_only
     result = dict(args=vars(args), check={}, per_rank=[], summary=[])
     if timed:

@@ -209,7 +209,7 @@ def test_dlpack_segment_workload_equals_paddle_op(family):
         np.testing.assert_array_equal(w, w_op.numpy())
         np.testing.assert_array_equal(n, n_op.numpy())
     with pytest.raises(ValueError, match="tile"):
-        kernels.segment_workload(sri, 48, 32, fm.causal)
+        kernels.segment_workload(sri, 512, 48, fm.causal)
     with pytest.raises(ValueError, match="4-D"):
         kernels.segment_workload(sri[0], 64, 16, fm.causal)
 
@@ -293,3 +293,55 @@ def test_cp_rank_compute_shares_reassemble_attention(family):
         np.testing.assert_array_equal(np.isinf(lse), np.isinf(lse_ref))
         fin = np.isfinite(lse_ref)
         np.testing.assert_allclose(lse[fin], lse_ref[fin], atol=1e-12)
+
+
+@needs_dlpack
+def test_dlpack_segment_workload_rejects_bad_input():
+    """The public host entry validates like the rest of the package (found by an adversarial pass:
+    floats were truncated, bools and int64 values past int32 were read as other masks)."""
+    sri = masks.causal(256).startend_row_indices
+    with pytest.raises(TypeError, match="integer"):
+        kernels.segment_workload(sri.astype(np.float32), 64, 16, True)
+    with pytest.raises(TypeError, match="integer"):
+        kernels.segment_workload(sri.astype(bool), 64, 16, True)
+    with pytest.raises(ValueError, match="values"):
+        kernels.segment_workload(np.full((1, 1, 256, 1), 2**32 + 5, np.int64), 64, 16, True)
+    with pytest.raises(ValueError, match="values"):
+        kernels.segment_workload(np.full((1, 1, 256, 1), -1, np.int32), 64, 16, True)
+    with pytest.raises(ValueError, match="C must be"):
+        kernels.segment_workload(sri, 64, 16, False)  # C=1 needs causal=True
+    with pytest.raises(TypeError, match="segment_size"):
+        kernels.segment_workload(sri, "64", 16, True)
+    with pytest.raises(ValueError, match="divisible"):
+        kernels.segment_workload(sri, 48, 16, True)
+    w, _ = kernels.segment_workload(sri, 64, 16, np.True_)  # numpy bools are bools
+    assert w.sum() > 0
+
+
+def test_cp_planning_rejects_bad_input():
+    """segment_summary / build_layout / default_segment_size: clear TypeError / ValueError."""
+    from paddle_fm3.distributed.plan import segment_summary
+
+    sri = masks.causal(256).startend_row_indices
+    with pytest.raises(ValueError, match="C must be"):
+        segment_summary(sri, False, 64)
+    with pytest.raises(ValueError, match="4-D"):
+        segment_summary(sri[0, 0], True, 64)
+    with pytest.raises(TypeError, match="causal"):
+        segment_summary(sri, "no", 64)
+    with pytest.raises(ValueError, match="values"):
+        segment_summary(np.full((1, 1, 256, 1), 2**32 + 3, np.int64), True, 64)
+    with pytest.raises(ValueError, match="at most"):
+        segment_summary(masks.causal(1 << 15).startend_row_indices, True, 1, 1)  # 32768 segments
+    with pytest.raises(TypeError, match="num_ranks"):
+        build_layout(sri, True, 2.0)
+    with pytest.raises(ValueError, match="tile"):
+        build_layout(sri, True, 2, 32, tile=-3)
+    with pytest.raises(ValueError, match="num_ranks"):
+        default_segment_size(256, 0)
+    for bad, match in [([[0, 0], [1, 1]], "exactly once"), ([[0, 1], [3, 2]], "ascending"),
+                       ([0, 1, 2, 3], "shape"), ([[0, 1], [2, 9]], "exactly once")]:
+        with pytest.raises(ValueError, match=match):
+            build_layout(sri, True, 2, 64, segments=bad)
+    lay = build_layout(sri, True, 2, 64, segments=[[0, 3], [1, 2]])
+    assert lay.owner.tolist() == [0, 1, 1, 0]

@@ -40,6 +40,15 @@ int masked_tile_ranges(const fm3::BlockSummary& s, int tile, TileRange* out) {
 extern "C" int fm3_cpu_segment_workload(const int32_t* sri, int batch, int mask_heads, int seqlen,
                                         int mask_cols, int causal, int tile, int segment_size,
                                         int64_t* weights, int32_t* needed, char* err, size_t err_len) {
+  if (batch < 1 || mask_heads < 1 || seqlen < 1) {
+    std::snprintf(err, err_len, "batch, mask_heads and seqlen must be >= 1, got %d, %d, %d", batch, mask_heads, seqlen);
+    return 1;
+  }
+  if (causal ? !(mask_cols == 1 || mask_cols == 2) : !(mask_cols == 2 || mask_cols == 4)) {
+    std::snprintf(err, err_len, "mask_cols %d is not valid with causal=%d (causal: 1 or 2; non-causal: 2 or 4)",
+                  mask_cols, causal);
+    return 1;
+  }
   if (tile < 1 || segment_size < tile || segment_size % tile != 0 || seqlen % segment_size != 0) {
     std::snprintf(err, err_len, "need tile | segment_size | seqlen, got tile %d, segment_size %d, seqlen %d",
                   tile, segment_size, seqlen);
@@ -47,7 +56,7 @@ extern "C" int fm3_cpu_segment_workload(const int32_t* sri, int batch, int mask_
   }
   const int n_seg = seqlen / segment_size, tps = segment_size / tile, n_blocks = seqlen / tile;
   std::memset(weights, 0, sizeof(int64_t) * n_seg);
-  std::memset(needed, 0, sizeof(int32_t) * n_seg * n_seg);
+  std::memset(needed, 0, sizeof(int32_t) * static_cast<size_t>(n_seg) * n_seg);
   TileRange ranges[4];
   for (int bh = 0; bh < batch * mask_heads; ++bh) {
     const int32_t* cols = sri + static_cast<int64_t>(bh) * seqlen * mask_cols;
@@ -64,7 +73,7 @@ extern "C" int fm3_cpu_segment_workload(const int32_t* sri, int batch, int mask_
         for (int k = 0; k < n_ranges; ++k) covered += std::max(0, std::min(t1, ranges[k].hi) - std::max(t0, ranges[k].lo));
         if (covered < tps) {
           weights[q] += tps - covered;
-          needed[q * n_seg + key_seg] = 1;
+          needed[static_cast<int64_t>(q) * n_seg + key_seg] = 1;
         }
       }
     }

@@ -358,6 +358,10 @@ py::tuple segment_workload(py::array_t<int32_t, py::array::c_style | py::array::
     throw py::value_error(std::string("startend_row_indices.shape[3] must be ") +
                           (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") + ", got " + std::to_string(C));
   if (segment_size < 1) throw py::value_error("segment_size must be positive, got " + std::to_string(segment_size));
+  for (int d = 0; d < 4; ++d)
+    if (sri.shape(d) < 1 || sri.shape(d) > INT32_MAX)
+      throw py::value_error("startend_row_indices dimensions must be in [1, 2^31 - 1], got dimension " +
+                            std::to_string(d) + " = " + std::to_string(sri.shape(d)));
   const int64_t n = sri.shape(2) / segment_size;
   py::array_t<int64_t> weights(n);
   py::array_t<int32_t> needed({n, n});

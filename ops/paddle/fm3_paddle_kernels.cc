@@ -164,6 +164,8 @@ std::vector<paddle::Tensor> SegmentWorkload(const paddle::Tensor& startend_row_i
   PD_CHECK(startend_row_indices.is_cpu(), "fm3_segment_workload runs on CPU tensors");
   PD_CHECK(segment_size > 0, "segment_size must be positive");
   const auto& s = startend_row_indices.shape();
+  PD_CHECK(s.size() == 4, "startend_row_indices must be 4-D [batch, mask_heads, seqlen, C]");
+  for (int64_t d : s) PD_CHECK(d >= 1 && d <= INT32_MAX, "startend_row_indices dimensions must be in [1, 2^31 - 1]");
   const int64_t n = s[2] / segment_size;
   auto weights = paddle::empty({n}, paddle::DataType::INT64, paddle::CPUPlace());
   auto needed = paddle::empty({n, n}, paddle::DataType::INT32, paddle::CPUPlace());

@@ -17,6 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import masks as _masks
+from ..kernels import check_segment_sizes
 from .balance import hcc_ipo
 from .comm import Communicator, default_communicator
 from .localize import localize
@@ -30,6 +31,8 @@ TILE = 128  # query tile / key block of the workload summary (the kernels' kBloc
 def default_segment_size(seqlen: int, num_ranks: int) -> int:
     """Largest-count split with segments of at least ``min(2048, S/(2P))`` tokens: up to 16
     segments per rank (so balance has room), never fewer than 2 (dual-chunk) when S allows."""
+    seqlen = _masks._check_int("seqlen", seqlen, lo=1)
+    num_ranks = _masks._check_int("num_ranks", num_ranks, lo=1)
     floor = min(2048, max(1, seqlen // (2 * num_ranks)))
     for per_rank in (16, 8, 4, 2, 1):
         if seqlen % (num_ranks * per_rank) == 0 and seqlen // (num_ranks * per_rank) >= floor:
@@ -67,10 +70,18 @@ def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size
         fully masked for every query tile of segment ``s`` (then ``t``'s KV is never sent for ``s``).
 
     Raises:
+        TypeError / ValueError: a mask that fails validation; sizes that fail
+        :func:`paddle_fm3.kernels.check_segment_sizes`.
         ImportError: neither Paddle nor the built DLPack module is available.
     """
+    sri = _check_mask(startend_row_indices, causal)
+    segment_size, tile = check_segment_sizes(sri.shape[2], segment_size, tile)
+    return _segment_workload(sri, bool(causal), segment_size, tile)
+
+
+def _segment_workload(sri: np.ndarray, causal: bool, segment_size: int, tile: int):
+    """:func:`segment_summary` on checked arguments (contiguous int32 mask, ``segment_size | S``)."""
     g = math.gcd(segment_size, tile)
-    sri = np.ascontiguousarray(startend_row_indices, dtype=np.int32)
     try:
         import paddle  # noqa: PLC0415
     except ImportError:
@@ -79,7 +90,7 @@ def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size
         from .._ops import ops  # noqa: PLC0415 - needs the compiled op
 
         weights, needed = ops.fm3_segment_workload(paddle.to_tensor(sri, place=paddle.CPUPlace()),
-                                                   int(segment_size), int(g), bool(causal))
+                                                   segment_size, g, causal)
         weights, needed = weights.numpy(), needed.numpy()
     else:
         from .. import kernels  # noqa: PLC0415
@@ -88,7 +99,7 @@ def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size
             raise ImportError("CP planning needs Paddle (the fm3_segment_workload op) or the DLPack module "
                               "paddle_fm3.kernels (scripts/gpu_build.sh && scripts/build_dlpack_ext.sh); "
                               "neither is available")
-        weights, needed = kernels.segment_workload(sri, int(segment_size), int(g), bool(causal))
+        weights, needed = kernels._ext().segment_workload(sri, segment_size, g, causal)
     return weights.astype(np.int64), needed.astype(bool)
 
 
@@ -153,26 +164,42 @@ def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Opt
     """
     sri = _check_mask(startend_row_indices, causal)
     b, hm, s, _ = sri.shape
-    if num_ranks < 1:
-        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    num_ranks = _masks._check_int("num_ranks", num_ranks, lo=1)
     if segment_size is None:
         segment_size = default_segment_size(s, num_ranks)
-    if isinstance(segment_size, bool) or not isinstance(segment_size, (int, np.integer)) or segment_size < 1:
-        raise ValueError(f"segment_size must be a positive int, got {segment_size!r}")
+    segment_size, tile = check_segment_sizes(s, segment_size, tile)
     if s % (num_ranks * segment_size) != 0:
         raise ValueError(f"seqlen ({s}) must be divisible by num_ranks * segment_size = {num_ranks} * "
                          f"{segment_size} = {num_ranks * segment_size}; pad the sequence with masked-out "
                          f"tokens or choose another segment_size")
-    weights, needed = segment_summary(sri, causal, segment_size, tile)
+    weights, needed = _segment_workload(sri, bool(causal), segment_size, tile)
     for extra, extra_causal in extra_masks:
         e = _check_mask(extra, extra_causal)
         if e.shape[2] != s:
             raise ValueError(f"all masks sharing a dispatch need seqlen {s}, got {e.shape[2]}")
-        w2, _ = segment_summary(e, extra_causal, segment_size, tile)
+        w2, _ = _segment_workload(e, bool(extra_causal), segment_size, tile)
         weights = weights + w2
     if segments is None:
         segments = hcc_ipo(weights, num_ranks)
+    else:
+        segments = _check_segments(segments, num_ranks, s // segment_size)
     return CPLayout(s, segment_size, num_ranks, segments, weights, needed)
+
+
+def _check_segments(segments, num_ranks: int, num_segments: int) -> np.ndarray:
+    """A given assignment: int ``[num_ranks, num_segments / num_ranks]``, each segment exactly once,
+    each rank's row ascending."""
+    arr = np.asarray(segments)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"segments must be an integer array, got dtype {arr.dtype}")
+    if arr.shape != (num_ranks, num_segments // num_ranks):
+        raise ValueError(f"segments must have shape [num_ranks, num_segments / num_ranks] = "
+                         f"{[num_ranks, num_segments // num_ranks]}, got {list(arr.shape)}")
+    if not np.array_equal(np.sort(arr, axis=None), np.arange(num_segments)):
+        raise ValueError(f"segments must hold every segment 0..{num_segments - 1} exactly once")
+    if np.any(np.diff(arr, axis=1) <= 0):
+        raise ValueError("each rank's segments must be in ascending order")
+    return arr.astype(np.int64)
 
 
 class CPPlan:

@@ -19,8 +19,10 @@ import importlib
 import numbers
 from typing import Optional
 
+import numpy as np
+
 __all__ = ["flashmask_fwd", "flashmask_bwd", "block_summary", "block_n", "bwd_block_n", "segment_workload",
-           "available"]
+           "check_segment_sizes", "MAX_SEGMENTS", "available"]
 
 _EXT = None
 
@@ -176,8 +178,8 @@ def segment_workload(startend_row_indices, segment_size: int, tile: int, causal:
     op ``fm3_segment_workload`` (``ops/cpu/segment_workload.cc``), for planning without Paddle.
 
     Args:
-        startend_row_indices: integer ``[B, H_mask, S, C]`` host array (numpy; converted to
-            contiguous int32), a square mask (``S_q == S_k == S``), already validated.
+        startend_row_indices: integer ``[B, H_mask, S, C]`` host array (numpy), a square mask
+            (``S_q == S_k == S``), checked by :func:`paddle_fm3.masks.validate_startend_row_indices`.
         segment_size: tokens per segment; ``tile | segment_size | S``.
         tile: query tile / key block width of the count.
         causal: the mask's causal flag.
@@ -188,8 +190,35 @@ def segment_workload(startend_row_indices, segment_size: int, tile: int, causal:
         segment ``s`` sees some key of key segment ``t`` (``n = S / segment_size``).
 
     Raises:
-        TypeError: non-bool ``causal``; ValueError: bad rank, C or sizes.
+        TypeError: a non-integer mask, non-bool ``causal``, non-integer sizes.
+        ValueError: a mask that fails validation; sizes not positive or not with ``tile | segment_size | S``.
     """
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    return _ext().segment_workload(startend_row_indices, int(segment_size), int(tile), causal)
+    from .. import masks  # numpy only: no Paddle needed
+
+    arr, seqlen = masks.validate_startend_row_indices(startend_row_indices, causal)
+    segment_size, tile = check_segment_sizes(seqlen, segment_size, tile)
+    if segment_size % tile:
+        raise ValueError(f"tile ({tile}) must divide segment_size ({segment_size})")
+    return _ext().segment_workload(np.ascontiguousarray(arr, dtype=np.int32), segment_size, tile, bool(causal))
+
+
+MAX_SEGMENTS = 1 << 14  # the visibility matrix of CP planning is dense: [n, n] int32, 1 GiB at this n
+
+
+def check_segment_sizes(seqlen: int, segment_size, tile):
+    """``(segment_size, tile)`` as ints after checking them against ``seqlen`` (CP planning):
+    positive integers, ``segment_size | seqlen``, at most :data:`MAX_SEGMENTS` segments.
+
+    Raises:
+        TypeError: a non-integer size. ValueError: the conditions above.
+    """
+    from .. import masks  # noqa: PLC0415
+
+    segment_size = masks._check_int("segment_size", segment_size, lo=1, hi=seqlen)
+    tile = masks._check_int("tile", tile, lo=1)
+    if seqlen % segment_size:
+        raise ValueError(f"seqlen ({seqlen}) must be divisible by segment_size ({segment_size})")
+    if seqlen // segment_size > MAX_SEGMENTS:
+        raise ValueError(f"seqlen / segment_size = {seqlen // segment_size} segments; at most {MAX_SEGMENTS} "
+                         f"(choose a larger segment_size)")
+    return segment_size, tile
