@@ -19,17 +19,16 @@ forward+backward; FlexAttention's and cuDNN SDPA's backward through autograd). B
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
 import numpy as np
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from paddle_fm3 import kernels, masks  # noqa: E402
 
+torch = None  # imported by main() after argument parsing, so --help works where torch is absent
 TOTAL = 128 * 1024
 HIDDEN = 4096
 
@@ -76,6 +75,9 @@ def main():
     ap.add_argument("--total-tokens", type=int, default=TOTAL, help="batch = total / S")
     ap.add_argument("--rep", type=int, default=8)
     args = ap.parse_args()
+    global torch
+    import torch as torch_module
+    torch = torch_module
     if args.bwd:
         return main_bwd(args)
     from torch.nn.attention import SDPBackend, sdpa_kernel

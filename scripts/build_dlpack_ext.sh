@@ -10,6 +10,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LIB="${1:-$ROOT/.devbuild}"
 DST="${FM3_DLPACK_DST:-$ROOT/paddle_fm3/kernels}"
+python3 -m pybind11 --includes >/dev/null 2>&1 || { echo "build_dlpack_ext: pybind11 is missing (pip install pybind11)" >&2; exit 1; }
 SUFFIX="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
 cp "$LIB/libfm3_cuda.so" "$DST/libfm3_cuda.so"
 ${CXX:-c++} -O2 -std=c++17 -shared -fPIC $(python3 -m pybind11 --includes) \

@@ -178,7 +178,7 @@ def test_segment_summary_equals_counting_block_classify(family, seg, tile):
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 needs_dlpack = pytest.mark.skipif(not kernels.available(), reason="paddle_fm3.kernels not built "
-                                  "(scripts/gpu_build.sh && scripts/build_dlpack_ext.sh)")
+                                  "(scripts/run_tests.sh builds it into the installed package)")
 
 
 def _run_without_paddle(code: str, cwd) -> str:
