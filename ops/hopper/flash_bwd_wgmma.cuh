@@ -1,6 +1,6 @@
 // FlashMask backward, step 2 of the Hopper climb: warp-specialized TMA + WGMMA
 // (the FlashAttention-3 backward structure, Shah et al. 2024, made
-// mask-aware as FlashMask, arXiv:2410.01359 §4.3), built for sm_90a.
+// mask-aware as FlashMask, arXiv:2410.01359), built for sm_90a.
 //
 // One CTA = one (key block of kBlockN = 128 columns, kv head, batch);
 // 128 * (1 + kBlockN / 64) threads:
