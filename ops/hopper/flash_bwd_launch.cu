@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-
 #include <cstdlib>
 #include <cstring>
 
