@@ -152,42 +152,6 @@ class ReferenceBackend:
                 dv_h.reshape(b, lk, hk, g, d).sum(3).to(v.dtype))
 
 
-# ---- communication -------------------------------------------------------------------------
-
-class _Once:
-    """A request whose ``wait()`` waits at most once."""
-
-    def __init__(self, req):
-        self.req = req
-
-    def wait(self):
-        if self.req is not None:
-            self.req.wait()
-            self.req = None
-
-
-def torch_communicator():
-    """``comm.TorchCommunicator`` on the default group, with each request waited at most once:
-    its ``Pending`` waits the send requests again in ``wait_all`` after the receives' ``_AllOf``
-    waited every request, and on gloo a second ``wait()`` of a completed send never returns
-    (seen with torch 2.13); NCCL does not mind."""
-    from paddle_fm3.distributed.comm import Pending, TorchCommunicator
-
-    class _Comm(TorchCommunicator):
-        def exchange(self, sends, recvs):
-            d = self._dist
-            ops = [d.P2POp(d.isend, t, self._global[p], self.group) for p, t in sends]
-            ops += [d.P2POp(d.irecv, t, self._global[p], self.group) for p, t in recvs]
-            if not ops:
-                return Pending([], [])
-            reqs = [_Once(r) for r in d.batch_isend_irecv(ops)]
-            every = _Once(None)
-            every.wait = lambda: [r.wait() for r in reqs]  # a batch completes as a whole (as comm.py)
-            return Pending(reqs[:len(sends)], [every] * len(recvs))
-
-    return _Comm()
-
-
 # ---- the schemes ---------------------------------------------------------------------------
 
 class Ctx:
@@ -691,7 +655,9 @@ def main(argv=None):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["WORLD_SIZE"])))
         backend = ReferenceBackend(device)
     dist.init_process_group(backend=args.dist_backend)
-    ctx = Ctx(args, dist, torch_communicator(), backend, device)
+    from paddle_fm3.distributed.comm import TorchCommunicator
+
+    ctx = Ctx(args, dist, TorchCommunicator(), backend, device)
     t0 = time.perf_counter()
     result = dict(args=vars(args), world_size=ctx.world, nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"),
                   torch=torch.__version__, device=torch.cuda.get_device_name() if ctx.cuda else "cpu",

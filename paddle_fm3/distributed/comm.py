@@ -170,8 +170,8 @@ class PaddleCommunicator(Communicator):
 
 
 class TorchCommunicator(Communicator):
-    """``torch.distributed`` on ``group`` (None: the default group). Untested here (no torch on the
-    CPU CI machine); the plan is framework-neutral, so a torch executor can reuse it."""
+    """``torch.distributed`` on ``group`` (None: the default group), for the GPU machines without
+    Paddle (``scripts/cp_torch_run.py``; checked there on gloo, not in CI, which has no torch)."""
 
     def __init__(self, group=None):
         import torch.distributed as tdist  # noqa: PLC0415
@@ -189,9 +189,10 @@ class TorchCommunicator(Communicator):
         ops += [d.P2POp(d.irecv, t, self._global[p], self.group) for p, t in recvs]
         if not ops:
             return Pending([], [])
-        reqs = d.batch_isend_irecv(ops)
-        # torch completes a batch as a whole; wait on every request before reading any receive
-        return Pending(reqs[:len(sends)], [_AllOf(reqs)] * len(recvs))
+        # torch completes a batch as a whole: every receive (and the sends) wait on all requests, and
+        # each request is waited once (on gloo a second wait() of a completed request never returns)
+        every = _AllOf(d.batch_isend_irecv(ops))
+        return Pending([every] if sends else [], [every] * len(recvs))
 
     def all_gather(self, tensor):
         out = [tensor.new_empty(tensor.shape) for _ in range(self.world_size)]
@@ -222,11 +223,14 @@ def _round_robin_partners(rank: int, world_size: int) -> list:
 
 
 class _AllOf:
+    """Waits a list of requests, once: later calls return at once."""
+
     def __init__(self, reqs):
-        self._reqs = reqs
+        self._reqs = list(reqs)
 
     def wait(self):
-        for r in self._reqs:
+        reqs, self._reqs = self._reqs, []
+        for r in reqs:
             r.wait()
 
 
