@@ -149,10 +149,24 @@ void stage_mask(const View& v, MaskArg& m, void* stream) {
   m.ptr = static_cast<const int32_t*>(m.owned);
 }
 
-void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::object out_, py::object lse_,
-         py::object block_mask_, bool causal, double softmax_scale, uintptr_t stream_handle) {
-  void* stream = reinterpret_cast<void*>(stream_handle);
-  View q = view("q", q_), k = view("k", k_), v = view("v", v_), out = view("out", out_), lse = view("lse", lse_);
+// What the forward and backward entries share: the views of q, k, v, out, lse, their checks, the
+// staged masks and the forward params they fill. Built in place by prepare(); the staged masks
+// (host uploads) live as long as it does, i.e. across the kernel call.
+struct AttnCall {
+  View q, k, v, out, lse;
+  MaskArg sri, bm;
+  fm3_fwd_params p{};
+};
+
+// Checks every argument of one call (TypeError / ValueError naming it) and fills c.p.
+// grads: the backward's {dout, dq, dk, dv} (empty for the forward), each checked like its
+// counterpart {out, q, k, v} and required to share its strides (the C ABI has one set).
+// has_kernel / kind: whether the head dim has a kernel of this kind ("" or "backward ").
+void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
+             py::object sri_, py::object block_mask_, bool causal, double softmax_scale, void* stream,
+             const std::vector<const View*>& grads, int (*block_n_of)(int), const char* kind) {
+  c.q = view("q", q_), c.k = view("k", k_), c.v = view("v", v_), c.out = view("out", out_), c.lse = view("lse", lse_);
+  const View &q = c.q, &k = c.k, &v = c.v, &out = c.out, &lse = c.lse;
   const char* qlay = "[batch, seqlen_q, num_heads, head_dim]";
   const char* klay = "[batch, seqlen_k, num_heads_k, head_dim]";
   expect_ndim(q, 4, qlay);
@@ -163,23 +177,31 @@ void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::objec
   expect_shape(k, {B, Sk, Hk, D}, klay);
   expect_shape(v, {B, Sk, Hk, D}, klay);
   expect_shape(out, {B, Sq, H, D}, qlay);
+  const View* like[] = {&out, &q, &k, &v};  // grads[i] is shaped and strided like like[i]
+  for (size_t i = 0; i < grads.size(); ++i)
+    expect_shape(*grads[i], like[i]->shape, i < 2 ? qlay : klay);
   expect_shape(lse, {B, H, Sq}, "[batch, num_heads, seqlen_q]");
+  std::vector<const View*> same_dtype = {&k, &v, &out}, gpu = {&q, &k, &v, &out, &lse}, unit = {&q, &k, &v, &out};
+  for (const View* g : grads) same_dtype.push_back(g), gpu.push_back(g), unit.push_back(g);
   const fm3_dtype dt = float_dtype(q);
-  for (const View* t : {&k, &v, &out})
+  for (const View* t : same_dtype)
     if (float_dtype(*t) != dt) throw py::type_error(t->name + " must have q's dtype");
   if (!(lse.t->dtype.code == kDLFloat && lse.t->dtype.bits == 32 && lse.t->dtype.lanes == 1))
     throw py::type_error("lse must be float32");
-  for (const View* t : {&q, &k, &v, &out, &lse}) expect_gpu(*t);
-  for (const View* t : {&q, &k, &v, &out})
+  for (const View* t : gpu) expect_gpu(*t);
+  for (const View* t : unit)
     if (t->strides[3] != 1) throw py::value_error(t->name + " must have a unit stride in head_dim");
   if (!lse.contiguous()) throw py::value_error("lse must be contiguous");
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i]->strides != like[i]->strides)
+      throw py::value_error(grads[i]->name + " must have the same strides as " + like[i]->name);
   if (H % Hk != 0)
     throw py::value_error("num_heads (" + std::to_string(H) + ") must be a multiple of num_heads_k (" + std::to_string(Hk) + ")");
-  if (fm3_cuda_block_n(static_cast<int>(D)) == 0)
-    throw py::value_error("head_dim " + std::to_string(D) + " has no sm90 kernel (see yaml/kernel_configs.yaml)");
+  if (block_n_of(static_cast<int>(D)) == 0)
+    throw py::value_error("head_dim " + std::to_string(D) + " has no sm90 " + kind + "kernel (see yaml/kernel_configs.yaml)");
   if (!(softmax_scale > 0)) throw py::value_error("softmax_scale must be > 0");
 
-  fm3_fwd_params p{};
+  fm3_fwd_params& p = c.p;
   p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = out.data();
   p.softmax_lse = static_cast<float*>(lse.data());
   p.q_batch_stride = q.strides[0]; p.q_row_stride = q.strides[1]; p.q_head_stride = q.strides[2];
@@ -195,7 +217,6 @@ void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::objec
   p.mask_heads = 1;
   p.mask_cols = 0;
 
-  MaskArg sri_arg, bm_arg;
   int64_t Hm = -1;
   if (!sri_.is_none()) {
     View s = view("startend_row_indices", sri_);
@@ -210,8 +231,8 @@ void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::objec
     if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
       throw py::value_error(std::string("startend_row_indices.shape[3] must be ") + (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") +
                             ", got " + std::to_string(C));
-    stage_mask(s, sri_arg, stream);
-    p.startend_row_indices = sri_arg.ptr;
+    stage_mask(s, c.sri, stream);
+    p.startend_row_indices = c.sri.ptr;
     p.mask_heads = static_cast<int>(Hm);
     p.mask_cols = static_cast<int>(C);
   }
@@ -222,109 +243,36 @@ void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::objec
     if (Hm < 0 && want_h != 1 && want_h != Hk && want_h != H)
       throw py::value_error("block_mask.shape[1] must be 1, num_heads_k or num_heads");
     expect_shape(bmv, {B, want_h, (Sq + 127) / 128, (Sk + 127) / 128}, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
-    stage_mask(bmv, bm_arg, stream);
-    p.block_mask = bm_arg.ptr;
+    stage_mask(bmv, c.bm, stream);
+    p.block_mask = c.bm.ptr;
     p.mask_heads = static_cast<int>(want_h);
   }
-  char err[1024] = {0};
-  if (fm3_cuda_fwd(&p, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_fwd: ") + err);
 }
 
-// Backward: validates like fwd (plus dout/dq/dk/dv), then fm3_cuda_bwd.
+void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::object out_, py::object lse_,
+         py::object block_mask_, bool causal, double softmax_scale, uintptr_t stream_handle) {
+  AttnCall c;
+  prepare(c, q_, k_, v_, out_, lse_, sri_, block_mask_, causal, softmax_scale,
+          reinterpret_cast<void*>(stream_handle), {}, fm3_cuda_block_n, "");
+  char err[1024] = {0};
+  if (fm3_cuda_fwd(&c.p, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_fwd: ") + err);
+}
+
+// Backward: the forward's checks (plus dout, dq, dk, dv), then fm3_cuda_bwd.
 void bwd(py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_, py::object dout_,
          py::object sri_, py::object dq_, py::object dk_, py::object dv_, py::object block_mask_, bool causal,
          double softmax_scale, bool deterministic, uintptr_t stream_handle) {
-  void* stream = reinterpret_cast<void*>(stream_handle);
-  View q = view("q", q_), k = view("k", k_), v = view("v", v_), out = view("out", out_), lse = view("lse", lse_);
   View dout = view("dout", dout_), dq = view("dq", dq_), dk = view("dk", dk_), dv = view("dv", dv_);
-  const char* qlay = "[batch, seqlen_q, num_heads, head_dim]";
-  const char* klay = "[batch, seqlen_k, num_heads_k, head_dim]";
-  expect_ndim(q, 4, qlay);
-  expect_ndim(k, 4, klay);
-  expect_ndim(v, 4, klay);
-  const int64_t B = q.shape[0], Sq = q.shape[1], H = q.shape[2], D = q.shape[3];
-  const int64_t Sk = k.shape[1], Hk = k.shape[2];
-  expect_shape(k, {B, Sk, Hk, D}, klay);
-  expect_shape(v, {B, Sk, Hk, D}, klay);
-  expect_shape(out, {B, Sq, H, D}, qlay);
-  expect_shape(dout, {B, Sq, H, D}, qlay);
-  expect_shape(dq, {B, Sq, H, D}, qlay);
-  expect_shape(dk, {B, Sk, Hk, D}, klay);
-  expect_shape(dv, {B, Sk, Hk, D}, klay);
-  expect_shape(lse, {B, H, Sq}, "[batch, num_heads, seqlen_q]");
-  const fm3_dtype dt = float_dtype(q);
-  for (const View* t : {&k, &v, &out, &dout, &dq, &dk, &dv})
-    if (float_dtype(*t) != dt) throw py::type_error(t->name + " must have q's dtype");
-  if (!(lse.t->dtype.code == kDLFloat && lse.t->dtype.bits == 32 && lse.t->dtype.lanes == 1))
-    throw py::type_error("lse must be float32");
-  for (const View* t : {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv}) expect_gpu(*t);
-  for (const View* t : {&q, &k, &v, &out, &dout, &dq, &dk, &dv})
-    if (t->strides[3] != 1) throw py::value_error(t->name + " must have a unit stride in head_dim");
-  if (!lse.contiguous()) throw py::value_error("lse must be contiguous");
-  // The C ABI shares strides: dout with out, dq with q, dk with k, dv with v.
-  const std::pair<const View*, const View*> same[] = {{&dout, &out}, {&dq, &q}, {&dk, &k}, {&dv, &v}};
-  for (const auto& pr : same)
-    if (pr.first->strides != pr.second->strides)
-      throw py::value_error(pr.first->name + " must have the same strides as " + pr.second->name);
-  if (H % Hk != 0)
-    throw py::value_error("num_heads (" + std::to_string(H) + ") must be a multiple of num_heads_k (" + std::to_string(Hk) + ")");
-  if (fm3_cuda_bwd_block_n(static_cast<int>(D)) == 0)
-    throw py::value_error("head_dim " + std::to_string(D) + " has no sm90 backward kernel (see yaml/kernel_configs.yaml)");
-  if (!(softmax_scale > 0)) throw py::value_error("softmax_scale must be > 0");
-
+  AttnCall c;
+  prepare(c, q_, k_, v_, out_, lse_, sri_, block_mask_, causal, softmax_scale,
+          reinterpret_cast<void*>(stream_handle), {&dout, &dq, &dk, &dv}, fm3_cuda_bwd_block_n, "backward ");
   fm3_bwd_params bp{};
-  fm3_fwd_params& p = bp.fwd;
-  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = out.data();
-  p.softmax_lse = static_cast<float*>(lse.data());
-  p.q_batch_stride = q.strides[0]; p.q_row_stride = q.strides[1]; p.q_head_stride = q.strides[2];
-  p.k_batch_stride = k.strides[0]; p.k_row_stride = k.strides[1]; p.k_head_stride = k.strides[2];
-  p.v_batch_stride = v.strides[0]; p.v_row_stride = v.strides[1]; p.v_head_stride = v.strides[2];
-  p.o_batch_stride = out.strides[0]; p.o_row_stride = out.strides[1]; p.o_head_stride = out.strides[2];
-  p.batch = static_cast<int>(B); p.seqlen_q = static_cast<int>(Sq); p.seqlen_k = static_cast<int>(Sk);
-  p.num_heads = static_cast<int>(H); p.num_heads_k = static_cast<int>(Hk); p.head_dim = static_cast<int>(D);
-  p.softmax_scale = static_cast<float>(softmax_scale);
-  p.causal = causal ? 1 : 0;
-  p.dtype = dt;
-  p.stream = stream;
-  p.mask_heads = 1;
-  p.mask_cols = 0;
+  bp.fwd = c.p;
   bp.dout = dout.data();
   bp.dq = dq.data();
   bp.dk = dk.data();
   bp.dv = dv.data();
   bp.deterministic = deterministic ? 1 : 0;
-
-  MaskArg sri_arg, bm_arg;
-  int64_t Hm = -1;
-  if (!sri_.is_none()) {
-    View s = view("startend_row_indices", sri_);
-    expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
-    Hm = s.shape[1];
-    const int64_t C = s.shape[3];
-    if (s.shape[0] != B || s.shape[2] != Sk)
-      throw py::value_error("startend_row_indices must have shape [batch=" + std::to_string(B) + ", mask_heads, seqlen_k=" +
-                            std::to_string(Sk) + ", C], got " + s.shape_str());
-    if (Hm != 1 && Hm != Hk && Hm != H)
-      throw py::value_error("startend_row_indices.shape[1] must be 1, num_heads_k or num_heads, got " + std::to_string(Hm));
-    if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
-      throw py::value_error(std::string("startend_row_indices.shape[3] must be ") + (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") +
-                            ", got " + std::to_string(C));
-    stage_mask(s, sri_arg, stream);
-    p.startend_row_indices = sri_arg.ptr;
-    p.mask_heads = static_cast<int>(Hm);
-    p.mask_cols = static_cast<int>(C);
-  }
-  if (!block_mask_.is_none()) {
-    View bmv = view("block_mask", block_mask_);
-    expect_ndim(bmv, 4, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
-    const int64_t want_h = Hm > 0 ? Hm : bmv.shape[1];
-    if (Hm < 0 && want_h != 1 && want_h != Hk && want_h != H)
-      throw py::value_error("block_mask.shape[1] must be 1, num_heads_k or num_heads");
-    expect_shape(bmv, {B, want_h, (Sq + 127) / 128, (Sk + 127) / 128}, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
-    stage_mask(bmv, bm_arg, stream);
-    p.block_mask = bm_arg.ptr;
-    p.mask_heads = static_cast<int>(want_h);
-  }
   char err[1024] = {0};
   if (fm3_cuda_bwd(&bp, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_bwd: ") + err);
 }

@@ -1,0 +1,63 @@
+"""The DLPack binding's argument checks (ops/dlpack/fm3_dlpack.cc), on CPU: every check before the
+device check runs on numpy arrays, so CI (which builds the module, no GPU) guards the error each
+bad argument gets in the forward and the backward entry. The kernels themselves: tests/gpu."""
+import numpy as np
+import pytest
+
+from paddle_fm3 import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="paddle_fm3.kernels not built "
+                                "(scripts/run_tests.sh builds it into the installed package)")
+
+B, S, H, D = 1, 64, 2, 64
+
+
+def t(*shape, dtype=np.float16):
+    return np.zeros(shape, dtype)
+
+
+def good():
+    return dict(q=t(B, S, H, D), k=t(B, S, H, D), v=t(B, S, H, D), out=t(B, S, H, D),
+                lse=t(B, H, S, dtype=np.float32), dout=t(B, S, H, D), dq=t(B, S, H, D), dk=t(B, S, H, D),
+                dv=t(B, S, H, D))
+
+
+def fwd(**kw):
+    a = {**good(), **kw}
+    kernels._ext().fwd(a["q"], a["k"], a["v"], None, a["out"], a["lse"], None, True, 0.1, 0)
+
+
+def bwd(**kw):
+    a = {**good(), **kw}
+    kernels._ext().bwd(a["q"], a["k"], a["v"], a["out"], a["lse"], a["dout"], None, a["dq"], a["dk"], a["dv"],
+                       None, True, 0.1, False, 0)
+
+
+CASES = [
+    (dict(q=t(B, S, H)), ValueError, r"q must be 4-D \[batch, seqlen_q, num_heads, head_dim\]"),
+    (dict(k=t(B, S, H, 32)), ValueError, r"k must have shape \[1, 64, 2, 64\]"),
+    (dict(out=t(B, S, 1, D)), ValueError, r"out must have shape \[1, 64, 2, 64\]"),
+    (dict(lse=t(B, H, 3, dtype=np.float32)), ValueError, r"lse must have shape \[1, 2, 64\]"),
+    (dict(k=t(B, S, H, D, dtype=np.int8)), TypeError, "k must be float16 or bfloat16"),
+    (dict(lse=t(B, H, S, dtype=np.float64)), TypeError, "lse must be float32"),
+    ({}, ValueError, "q must be a CUDA tensor"),
+]
+BWD_ONLY = [
+    (dict(dq=t(B, S, 1, D)), ValueError, r"dq must have shape \[1, 64, 2, 64\] \[batch, seqlen_q"),
+    (dict(dk=t(B, 3, H, D)), ValueError, r"dk must have shape \[1, 64, 2, 64\] \[batch, seqlen_k"),
+    (dict(dout=t(B, S, H, D, dtype=np.int8)), TypeError, "dout must be float16 or bfloat16"),
+    # a gradient's shape is checked before lse's
+    (dict(lse=t(B, H, 3, dtype=np.float32), dq=t(B, S, 1, D)), ValueError, "dq must have shape"),
+]
+
+
+@pytest.mark.parametrize("kw,exc,match", CASES)
+def test_forward_argument_errors(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        fwd(**kw)
+
+
+@pytest.mark.parametrize("kw,exc,match", CASES + BWD_ONLY)
+def test_backward_argument_errors(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        bwd(**kw)
