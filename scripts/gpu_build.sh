@@ -17,7 +17,7 @@ PY
 INC=(-I"$ROOT/ops/include" -I"$ROOT/ops/hopper" -I"$OUT/gen")
 [ -n "$CUTLASS_INC" ] && [ -d "$CUTLASS_INC" ] && INC+=(-I"$CUTLASS_INC")
 FLAGS=(-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC -lineinfo
-       -Xptxas -v --expt-relaxed-constexpr ${FM3_NVCC_EXTRA:-})  # FM3_NVCC_EXTRA: e.g. -DFM3_WGMMA_OVERLAP=1
+       -Xptxas -v --expt-relaxed-constexpr ${FM3_NVCC_EXTRA:-})  # FM3_NVCC_EXTRA: extra nvcc flags (e.g. -DFM3_NO_WGMMA=1)
 # FM3_CU_SRCS (space-separated) overrides the source list, e.g. to leave out a file being written.
 read -r -a SRCS <<< "${FM3_CU_SRCS:-$(echo "$ROOT"/ops/hopper/*.cu)}"
 "$NVCC" "${FLAGS[@]}" "${INC[@]}" -shared "${SRCS[@]}" -o "$OUT/libfm3_cuda.so" \

@@ -57,6 +57,18 @@ struct BwdArgs : AttnArgs {
   float scale;             // softmax_scale
 };
 
+// Offset (floats) of dQ element (query ql of a 64-row tile, column d) inside the tile's 64 x head_dim
+// block of the tile-blocked dQ workspace (written by the WGMMA kernel's dQ writer, flash_bwd_wgmma.cuh):
+// 64-column parts of 4096 floats, each in WGMMA accumulator order (warp wq, register group j, lane,
+// element), so that a warp's float4 stores to shared memory cover 512 contiguous bytes (no bank
+// conflicts) and the bulk copy keeps that order.
+__host__ __device__ __forceinline__ int dq_tile_offset(int ql, int d) {
+  const int part = d / 64, dd = d % 64;
+  const int wq = ql / 16, r = (ql % 16) / 8, g = ql % 8;
+  const int j = dd / 8, t = (dd % 8) / 2, c = dd % 2;
+  return part * 4096 + (wq * 8 + j) * 128 + (g * 4 + t) * 4 + 2 * r + c;
+}
+
 template <typename T, int kHeadDim_, int kBlockM_, int kBlockN_>
 struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
@@ -571,11 +583,13 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// dq[b, i, h, :] = scale * dq_accum[b, h, i, :] cast to T; 8 elements per thread.
-template <typename T, int kHeadDim>
+// dq[b, i, h, :] = scale * dq_accum cast to T; 8 elements per thread. The accumulator is
+// [batch, num_heads, acc_rows, head_dim]: row-major (kTiled = false) or, per 64-row tile,
+// permuted by dq_tile_offset (the WGMMA kernel's dQ writer).
+template <typename T, int kHeadDim, bool kTiled>
 __global__ void __launch_bounds__(256)
     bwd_convert_dq_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t q_bs, int64_t q_rs,
-                          int64_t q_hs, int num_heads, int seqlen_q, float scale, int64_t n_chunks) {
+                          int64_t q_hs, int num_heads, int seqlen_q, int acc_rows, float scale, int64_t n_chunks) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_chunks) return;
   constexpr int kChunks = kHeadDim / 8;
@@ -584,13 +598,27 @@ __global__ void __launch_bounds__(256)
   const int i = static_cast<int>(w % seqlen_q);
   const int64_t bh = w / seqlen_q;
   const int h = static_cast<int>(bh % num_heads), b = static_cast<int>(bh / num_heads);
-  const float4 x0 = *reinterpret_cast<const float4*>(acc + idx * 8);
-  const float4 x1 = *reinterpret_cast<const float4*>(acc + idx * 8 + 4);
+  float x[8];
+  if constexpr (kTiled) {
+    const float* tile = acc + (bh * acc_rows + i / 64 * 64) * kHeadDim;
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(tile + dq_tile_offset(i % 64, c * 8 + e));
+      x[e] = v.x;
+      x[e + 1] = v.y;
+    }
+  } else {
+    const float* row = acc + (bh * acc_rows + i) * kHeadDim + c * 8;
+    const float4 x0 = *reinterpret_cast<const float4*>(row);
+    const float4 x1 = *reinterpret_cast<const float4*>(row + 4);
+    x[0] = x0.x; x[1] = x0.y; x[2] = x0.z; x[3] = x0.w;
+    x[4] = x1.x; x[5] = x1.y; x[6] = x1.z; x[7] = x1.w;
+  }
   uint4 o;
-  o.x = Mma<T>::pack(x0.x * scale, x0.y * scale);
-  o.y = Mma<T>::pack(x0.z * scale, x0.w * scale);
-  o.z = Mma<T>::pack(x1.x * scale, x1.y * scale);
-  o.w = Mma<T>::pack(x1.z * scale, x1.w * scale);
+  o.x = Mma<T>::pack(x[0] * scale, x[1] * scale);
+  o.y = Mma<T>::pack(x[2] * scale, x[3] * scale);
+  o.z = Mma<T>::pack(x[4] * scale, x[5] * scale);
+  o.w = Mma<T>::pack(x[6] * scale, x[7] * scale);
   *reinterpret_cast<uint4*>(dq + b * q_bs + static_cast<int64_t>(i) * q_rs + h * q_hs + c * 8) = o;
 }
 

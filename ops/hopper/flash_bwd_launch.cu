@@ -28,9 +28,10 @@ int bwd_block_n(int head_dim) {
   return 0;
 }
 
-// dq = softmax_scale * dq_accum (atomic mode), or the row-parallel deterministic dQ pass.
+// dq = softmax_scale * dq_accum (row-major, or tile-blocked when `tiled`), or the row-parallel
+// deterministic dQ pass.
 template <typename T, int D, int BM, int BN>
-int launch_dq(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
+int launch_dq(const BwdArgs& args, bool deterministic, bool tiled, cudaStream_t stream, char* err, size_t err_len) {
   using Tr = BwdTraits<T, D, BM, BN>;
   if (deterministic) {
     const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
@@ -39,9 +40,10 @@ int launch_dq(const BwdArgs& args, bool deterministic, cudaStream_t stream, char
     row<<<dim3(n_mtiles, args.num_heads, args.batch), Tr::kThreads, Tr::kRowSmem, stream>>>(args);
   } else {
     const int64_t n_chunks = static_cast<int64_t>(args.batch) * args.num_heads * args.seqlen_q * (D / 8);
-    bwd_convert_dq_kernel<T, D><<<static_cast<unsigned>((n_chunks + 255) / 256), 256, 0, stream>>>(
+    auto convert = tiled ? bwd_convert_dq_kernel<T, D, true> : bwd_convert_dq_kernel<T, D, false>;
+    convert<<<static_cast<unsigned>((n_chunks + 255) / 256), 256, 0, stream>>>(
         args.dq_accum, static_cast<T*>(args.dq), args.q_bs, args.q_rs, args.q_hs, args.num_heads, args.seqlen_q,
-        args.scale, n_chunks);
+        tiled ? args.lse_stride : args.seqlen_q, args.scale, n_chunks);
   }
   FM3_CUDA_CHECK(cudaGetLastError());
   return 0;
@@ -56,7 +58,7 @@ int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* e
   FM3_CUDA_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
   col<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kColSmem, stream>>>(args);
   FM3_CUDA_CHECK(cudaGetLastError());
-  return launch_dq<T, D, BM, BN>(args, deterministic, stream, err, err_len);
+  return launch_dq<T, D, BM, BN>(args, deterministic, false, stream, err, err_len);
 }
 
 // Step 2: warp-specialized TMA + WGMMA kernel, for the configs it covers (head_dim 64/128,
@@ -64,30 +66,36 @@ int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* e
 // test can switch paths in-process). Returns -1 when not applicable (layout TMA cannot describe).
 constexpr bool wgmma_covers(int hd, int bm, int bn) { return (hd == 64 || hd == 128) && bm == 64 && bn == 128; }
 
-bool force_mma_sync() {
-  const char* e = std::getenv("FM3_BWD_KERNEL");
-  return e != nullptr && std::strcmp(e, "mma_sync") == 0;
+bool env_is(const char* name, const char* value) {  // read per call, so a test can switch in-process
+  const char* e = std::getenv(name);
+  return e != nullptr && std::strcmp(e, value) == 0;
 }
 
 template <typename T, int D, int BM, int BN, int ST>
 int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStream_t stream, char* err,
                  size_t err_len) {
-  if (force_mma_sync()) return -1;
+  if (env_is("FM3_BWD_KERNEL", "mma_sync")) return -1;
   CUtensorMap mq, mk, mv, mdo;
   if (!make_qkv_maps<T>(args, head_dim, BM, BN, &mq, &mk, &mv) ||
       !make_tma_map<T>(&mdo, args.dout, head_dim, args.seqlen_q, args.num_heads, args.batch, args.o_rs, args.o_hs,
                        args.o_bs, BM))
     return -1;
   using Tr = sm90::BwdWgTraits<T, D, BM, BN, ST>;
-  auto kernel = deterministic ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, false>
-                              : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
+  // Variants kept to measure against each other (BENCHMARKS.md): FM3_BWD_DQ=atomic adds dQ with
+  // red.global atomics instead of the writer warp; FM3_BWD_SDP=joint waits for S^T and dP^T together.
+  const bool atomic = env_is("FM3_BWD_DQ", "atomic"), joint = env_is("FM3_BWD_SDP", "joint");
+  auto kernel = deterministic ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqNone, true>
+                : atomic      ? (joint ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqAtomic, false>
+                                       : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqAtomic, true>)
+                              : (joint ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqWriter, false>
+                                       : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqWriter, true>);
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
                                                                                                   mdo);
   FM3_CUDA_CHECK(cudaGetLastError());
-  return launch_dq<T, D, BM, BN>(args, deterministic, stream, err, err_len);
+  return launch_dq<T, D, BM, BN>(args, deterministic, !atomic, stream, err, err_len);
 }
 
 template <typename T>
@@ -152,8 +160,9 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.scale = p->softmax_scale;
   const int mask_heads = a.mask_heads;
 
-  // Workspace: [dq_accum][lse2][delta][summary], each 256-byte aligned.
-  const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * p->seqlen_q;
+  // Workspace: [dq_accum][lse2][delta][summary], each 256-byte aligned. dq_accum has lse_stride rows per
+  // (batch, head): whole 64-row tiles for the tile-blocked layout.
+  const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride;
   const size_t accum_bytes = deterministic ? 0 : round_up(rows * p->head_dim * sizeof(float));
   const size_t row_bytes = round_up(static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride * sizeof(float));
   const size_t summary_bytes =

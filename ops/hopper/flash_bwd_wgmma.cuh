@@ -79,12 +79,23 @@ struct BwdWgTraits {
   static constexpr int kOffHead = kOffEntry + 16 * 4;                    // 16 int
   static constexpr int kOffList = kOffHead + 16 * 4;                     // 128 int
   static constexpr int kOffWarpCounts = kOffList + 128 * 4;              // 4 int (+pad)
-  static constexpr int kOffBar = kOffWarpCounts + 16 * 4;                // full[kStages], empty[kStages], kv
-  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 1);
+  static constexpr int kOffDqOff = kOffWarpCounts + 16 * 4;               // int64: the dQ tile being written
+  static constexpr int kOffdQ = (kOffDqOff + 8 + 1023) / 1024 * 1024;   // dQ tile, fp32, 2 x 16 KB (writer mode)
+  static constexpr int kDqChunkFloats = 64 * 64;                         // one warpgroup's 64 x 64 part
+  static constexpr int kOffBar = kOffdQ + 2 * kDqChunkFloats * 4;  // full[kStages], empty[kStages], kv, dq_full, dq_empty
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
 };
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kAtomicDq>
+// How the main kernel produces dQ.
+enum DqMode {
+  kDqNone = 0,    // not at all: the deterministic row-parallel pass computes it afterwards
+  kDqAtomic = 1,  // red.global.add.v2.f32 from the consumers' registers into the row-major workspace
+  kDqWriter = 2,  // consumers store the tile to shared memory; a writer warp adds it to the tile-blocked
+                  // workspace with one bulk reduction per warpgroup part (bwd::dq_tile_offset)
+};
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, int kDq, bool kSplitSdP>
 __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
     flash_bwd_wgmma_kernel(const __grid_constant__ bwd::BwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
                            const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
@@ -107,6 +118,9 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   const uint32_t bar_full = base_u32 + Tr::kOffBar;
   const uint32_t bar_empty = bar_full + 8 * kStages;
   const uint32_t bar_kv = bar_empty + 8 * kStages;
+  const uint32_t bar_dq_full = bar_kv + 8, bar_dq_empty = bar_kv + 16;  // kDqWriter: consumers <-> writer warp
+  const uint32_t sdQ = base_u32 + Tr::kOffdQ;
+  volatile int64_t* sDqOff = reinterpret_cast<volatile int64_t*>(base + Tr::kOffDqOff);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   const int nb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
@@ -122,6 +136,8 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       mbar_init(bar_empty + 8 * s, 128 * Tr::kConsumerWGs);  // every consumer thread
     }
     mbar_init(bar_kv, 1);
+    mbar_init(bar_dq_full, 128 * Tr::kConsumerWGs);
+    mbar_init(bar_dq_empty, 1);
     mbar_fence_init();
   }
   __syncthreads();
@@ -129,7 +145,27 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   if (wg == 0) {
     // ------------------------------ producer ------------------------------
     reg_dealloc<Tr::kProducerRegs>();
-    if (warp == 0 && lane == 0) {
+    if constexpr (kDq == kDqWriter) {
+      if (warp == 1 && lane == 0) {
+        // dQ writer: per tile, one bulk fp32 reduction per warpgroup part into the tile-blocked
+        // workspace; the shared buffer is handed back once the reductions have read it.
+        for (int k = 0;; ++k) {
+          mbar_wait(bar_dq_full, k & 1);
+          const int64_t off = *sDqOff;
+          if (off < 0) break;
+#pragma unroll
+          for (int part = 0; part < Tr::kConsumerWGs; ++part)
+            bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqSplitD ? part * Tr::kDqChunkFloats : 0),
+                                sdQ + part * Tr::kDqChunkFloats * 4, Tr::kDqChunkFloats * 4);
+          bulk_commit();
+          bulk_wait_read<0>();
+          mbar_arrive(bar_dq_empty);
+        }
+        bulk_wait<0>();  // every reduction has landed before the CTA exits
+      }
+    }
+    if (warp != 0) return;  // warp 0 schedules and loads; warps 2-3 (and 1 unless writing dQ) have no work
+    if (lane == 0) {
       tma_prefetch_desc(&tmap_q);
       tma_prefetch_desc(&tmap_do);
       mbar_arrive_expect_tx(bar_kv, 2 * Tr::kKBytes);
@@ -151,9 +187,8 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
         return bwd::classify_pair(summ, bm, a.bm_cols, mt * kBlockM, kBlockM, n0, kBlockN, a.seqlen_q, a.seqlen_k,
                                   a.causal, causal_offset);
       };
-      for (int first = 0; first < n_mtiles; first += 128) {
-        const int count = compact_window<128, 1>(classify, first, n_mtiles, sList, sWarpCounts);
-        if (warp != 0) continue;
+      for (int first = 0; first < n_mtiles; first += 32) {
+        const int count = compact_window<32, 1>(classify, first, n_mtiles, sList, sWarpCounts);
         for (int i = 0; i < count; ++i) {
           if (lane == 0) {
             const int entry = sList[i];
@@ -179,7 +214,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
         __syncwarp();
       }
     }
-    if (warp == 0 && lane == 0) {  // end of stream
+    if (lane == 0) {  // end of stream
       mbar_wait(bar_empty + 8 * stage, phase ^ 1);
       sEntry[stage] = -1;
       mbar_arrive(bar_full + 8 * stage);
@@ -231,6 +266,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       gmma_ss<T, 64>(gmma_desc(sKw + (ks / 4) * kBlockN * 128 + off, 16, 1024),
                      gmma_desc(sQs + (ks / 4) * kBlockM * 128 + off, 16, 1024), s, ks > 0);
     }
+    if constexpr (kSplitSdP) gmma_commit();  // S^T first: P^T is computed while dP^T is in flight
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;
@@ -238,27 +274,45 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
                      gmma_desc(sdOs + (ks / 4) * kBlockM * 128 + off, 16, 1024), dp, ks > 0);
     }
     gmma_commit();
-    gmma_wait<0>();
-    fence_regs(s);
-    fence_regs(dp);
-
     // P^T and dS^T (fp32, in place; masked per element on partial tiles), packed as the register
     // A operands of dV and dK.
     const float* lse_t = lse_s + stage * kBlockM;
     const float* delta_t = delta_s + stage * kBlockM;
+    if constexpr (kSplitSdP) {
+      gmma_wait<1>();
+      fence_regs(s);
+    } else {
+      gmma_wait<0>();
+      fence_regs(s);
+      fence_regs(dp);
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int ql = j * 8 + 2 * t + c;
-        const float l2 = lse_t[ql], dl = delta_t[ql];
+        const float l2 = lse_t[ql];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int i = j * 4 + 2 * r + c;
           float p = fast_exp2(s[i] * a.scale_log2 - l2);  // lse2 = +inf (empty row, padding): 0
           if (partial && row_masked(cb[r], m0 + ql)) p = 0.f;
           s[i] = p;
-          dp[i] = p * (dp[i] - dl);
+        }
+      }
+    if constexpr (kSplitSdP) {
+      gmma_wait<0>();
+      fence_regs(dp);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float dl = delta_t[j * 8 + 2 * t + c];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = j * 4 + 2 * r + c;
+          dp[i] = s[i] * (dp[i] - dl);
         }
       }
     uint32_t pp[4][4], pds[4][4];
@@ -270,7 +324,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
         pds[ps][e] = Mma<T>::pack(dp[8 * ps + 2 * e], dp[8 * ps + 2 * e + 1]);
       }
     const uint32_t sdSb = sdS + (iter & 1) * Tr::kDsBytes;
-    if constexpr (kAtomicDq) {
+    if constexpr (kDq != kDqNone) {
       // dS^T to shared memory, [keys][64 queries], 128-byte rows, 16-byte chunks XOR-swizzled by
       // (key % 8) as TMA would write it. pds[ps][e]: key row key_local + 8 * (e % 2), queries
       // 8 * (2 * ps + e / 2) + 2t, +1.
@@ -291,7 +345,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 #pragma unroll
     for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], gmma_desc(sQs + ps * 2048, kBlockM * 128, 1024), dk);
     gmma_commit();
-    if constexpr (kAtomicDq) {
+    if constexpr (kDq != kDqNone) {
       named_barrier_sync(2, 128 * Tr::kConsumerWGs);  // every warpgroup's dS^T is in shared memory
       // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys: A = dS^T [keys][queries] and
       // B = K [keys][head dim], both MN-major (k16 step = 16 key rows = 2048 bytes).
@@ -312,15 +366,28 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       fence_regs(pds);
       mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
       const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
-      float* dqa = a.dq_accum + bh * a.seqlen_q * kHeadDim + (Tr::kDqSplitD ? cw * 64 : 0);
+      if constexpr (kDq == kDqWriter) {
+        // This warpgroup's 64 x 64 part to shared memory in accumulator order (bwd::dq_tile_offset), once
+        // the writer has read the previous tile's; the writer adds it to the workspace.
+        if (iter > 0) mbar_wait(bar_dq_empty, (iter - 1) & 1);
+        float* dst = reinterpret_cast<float*>(base + Tr::kOffdQ) + cw * Tr::kDqChunkFloats + wq * 8 * 128 + lane * 4;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int q = m0 + wq * 16 + g + 8 * r;
-        if (q < a.seqlen_q) {
-          float* dst = dqa + static_cast<int64_t>(q) * kHeadDim + 2 * t;
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+        fence_proxy_async();  // read by the bulk reduction (async proxy)
+        if (cw == 0 && wq == 0 && lane == 0) *sDqOff = (bh * a.lse_stride + m0) * kHeadDim;
+        mbar_arrive(bar_dq_full);
+      } else {
+        float* dqa = a.dq_accum + bh * a.seqlen_q * kHeadDim + (Tr::kDqSplitD ? cw * 64 : 0);
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
-            atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j * 4 + 2 * r], dq[j * 4 + 2 * r + 1]));
+        for (int r = 0; r < 2; ++r) {
+          const int q = m0 + wq * 16 + g + 8 * r;
+          if (q < a.seqlen_q) {
+            float* dst = dqa + static_cast<int64_t>(q) * kHeadDim + 2 * t;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j * 4 + 2 * r], dq[j * 4 + 2 * r + 1]));
+          }
         }
       }
     } else {
@@ -337,6 +404,13 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       phase ^= 1;
     }
   }
+
+  if constexpr (kDq == kDqWriter) {  // end of the dQ stream
+    if (iter > 0) mbar_wait(bar_dq_empty, (iter - 1) & 1);
+    if (cw == 0 && wq == 0 && lane == 0) *sDqOff = -1;
+    mbar_arrive(bar_dq_full);
+  }
+  (void)sdQ;
 
   // Epilogue: dK * softmax_scale and dV, 4-byte stores of this thread's two keys.
   T* dkg = static_cast<T*>(a.dk) + b * a.k_bs + hk * a.k_hs;

@@ -29,6 +29,10 @@ struct FwdArgs : AttnArgs {
   void* out;
   float* lse;
   const BlockSummary* summary;  // [batch, mask_heads, n_blocks] or nullptr (sri == nullptr)
+  // Persistent WGMMA kernel only: query tiles (batch x heads x tiles) and the zeroed counter
+  // from which CTAs take their next tile.
+  int num_tiles;
+  int* tile_counter;
 };
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -53,6 +54,28 @@ bool force_mma_sync() {  // read per call (cheap), so a test can switch paths in
   return e != nullptr && std::strcmp(e, "mma_sync") == 0;
 }
 
+// Grid of the persistent kernel: one CTA per SM (the kernel's shared memory allows one). The
+// environment variable FM3_FWD_GRID overrides it: "tiles" gives one CTA per tile (each then does
+// exactly one tile, as a non-persistent launch; kept to measure what persistence gives,
+// BENCHMARKS.md), a number N caps the grid at N CTAs (tests use it to give each CTA many tiles).
+int persistent_grid(int num_tiles, char* err, size_t err_len, int* grid) {
+  int cap = 0;
+  if (const char* e = std::getenv("FM3_FWD_GRID")) {
+    if (std::strcmp(e, "tiles") == 0) {
+      cap = num_tiles;
+    } else {
+      cap = std::atoi(e);
+      if (cap < 1) return fail(err, err_len, "FM3_FWD_GRID must be 'tiles' or a positive integer, got '%s'", e);
+    }
+  } else {
+    int dev = 0;
+    FM3_CUDA_CHECK(cudaGetDevice(&dev));
+    FM3_CUDA_CHECK(cudaDeviceGetAttribute(&cap, cudaDevAttrMultiProcessorCount, dev));
+  }
+  *grid = num_tiles < cap ? num_tiles : cap;
+  return 0;
+}
+
 // 0: launched; 1: error (message in err); -1: not applicable (use the fallback).
 template <typename T, int D, int BM, int BN, int ST>
 int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, size_t err_len) {
@@ -63,9 +86,14 @@ int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* e
   auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, BM, BN, ST>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
-  const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
-  dim3 grid(n_mtiles, args.num_heads, args.batch);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv);
+  FwdArgs a = args;
+  const int64_t tiles = static_cast<int64_t>((args.seqlen_q + BM - 1) / BM) * args.num_heads * args.batch;
+  if (tiles > INT32_MAX / 2) return fail(err, err_len, "too many query tiles (%lld)", static_cast<long long>(tiles));
+  a.num_tiles = static_cast<int>(tiles);
+  int grid = 0;
+  if (persistent_grid(a.num_tiles, err, err_len, &grid) != 0) return 1;
+  FM3_CUDA_CHECK(cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a, mq, mk, mv);
   FM3_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
@@ -127,26 +155,28 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
   fill_attn_args(a, p);
   a.out = p->out;
   a.lse = p->softmax_lse;
-  const int mask_heads = a.mask_heads;
-
-  fm3::BlockSummary* summary = nullptr;
+  // Workspace: [tile counter (256 bytes)][block summary (when there is a mask)].
+  const size_t summary_bytes = p->startend_row_indices != nullptr
+                                   ? sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * a.mask_heads * n_blocks
+                                   : 0;
+  char* ws = nullptr;
+  FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), 256 + summary_bytes, stream));
+  a.tile_counter = reinterpret_cast<int*>(ws);
+  a.summary = nullptr;
   if (p->startend_row_indices != nullptr) {
-    const size_t bytes = sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * mask_heads * n_blocks;
-    FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&summary), bytes, stream));
-    cudaError_t e = launch_block_summary(p->startend_row_indices, p->batch * mask_heads, p->seqlen_q,
+    fm3::BlockSummary* summary = reinterpret_cast<fm3::BlockSummary*>(ws + 256);
+    cudaError_t e = launch_block_summary(p->startend_row_indices, p->batch * a.mask_heads, p->seqlen_q,
                                          p->seqlen_k, p->mask_cols, a.causal, block_n, summary, stream);
     if (e != cudaSuccess) {
-      cudaFreeAsync(summary, stream);
+      cudaFreeAsync(ws, stream);
       return fail(err, err_len, "block summary launch: %s", cudaGetErrorString(e));
     }
+    a.summary = summary;
   }
-  a.summary = summary;
   int rc = p->dtype == FM3_BFLOAT16 ? dispatch<__nv_bfloat16>(a, p->head_dim, stream, err, err_len)
                                     : dispatch<__half>(a, p->head_dim, stream, err, err_len);
-  if (summary != nullptr) {
-    cudaError_t e = cudaFreeAsync(summary, stream);
-    if (rc == 0 && e != cudaSuccess) return fail(err, err_len, "cudaFreeAsync: %s", cudaGetErrorString(e));
-  }
+  cudaError_t e = cudaFreeAsync(ws, stream);
+  if (rc == 0 && e != cudaSuccess) return fail(err, err_len, "cudaFreeAsync: %s", cudaGetErrorString(e));
   return rc;
 }
 

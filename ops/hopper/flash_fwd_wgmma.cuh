@@ -1,8 +1,14 @@
 // FlashMask forward, step 2 of the Hopper climb: warp-specialized TMA + WGMMA
 // (DESIGN.md "Hopper kernel shape"), built for sm_90a.
 //
-// One CTA = one (batch, head, query tile of kBlockM = 64 * kConsumerWGs rows),
-// 128 * (1 + kConsumerWGs) threads:
+// Persistent: one CTA per SM, 128 * (1 + kConsumerWGs) threads, takes query
+// tiles (batch, head, kBlockM = 64 * kConsumerWGs rows) one after another from
+// a global counter (dynamic: a CTA that drew light tiles takes more). The
+// order is heaviest first within each (batch, head): bottom tiles first, as
+// they see the most keys under causal-like masks; heads stay contiguous so
+// CTAs working at the same time share K/V in L2. The producer runs ahead into
+// the next tile while the consumers finish the current one (Q reloaded once
+// they release it), so per-tile set-up and the epilogue are hidden.
 //   warpgroup 0, the producer (setmaxnreg down to 40 registers): its four warps
 //     run the mask scheduler (mask_scheduler.cuh, on named barrier 1), which
 //     publishes the compacted list of surviving key blocks a window of 128
@@ -13,7 +19,10 @@
 //     lane 0 of warp 0 writes the block's entry (index + partial tag) beside
 //     the stage and issues the TMA loads of K and V (cp.async.bulk.tensor,
 //     128-byte swizzle) completing on the stage's "full" mbarrier. An entry of
-//     -1 ends the list. Q is loaded once, on its own mbarrier.
+//     tile boundary (a negative entry, -1 - next tile) ends a tile's list and
+//     names the next one. Q is loaded per tile into one of two buffers (by
+//     tile parity) on its own mbarrier, once the consumers hand that buffer
+//     back (q_empty).
 //   warpgroups 1..kConsumerWGs, the consumers (setmaxnreg up to 232): 64 query
 //     rows each. Per stage: S = Q K^T with wgmma.mma_async (A and B from shared
 //     memory, fp32 accumulators), scale into log2 units, per-element mask
@@ -22,8 +31,6 @@
 //     registers, V from shared memory MN-major), then every consumer thread
 //     arrives on the stage's "empty" mbarrier to hand the stage back.
 // A row that sees no key writes 0 and lse -inf (as the step-1 kernel).
-// Query tiles are launched heaviest-first (the bottom tiles of causal-like
-// masks see the most keys).
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -36,25 +43,13 @@
 #include "mma_sm80.cuh"  // Mma<T>::pack, fast_exp2, smem_u32
 #include "sm90_primitives.cuh"
 
-// Consumer loop variant (compile time):
-//   FM3_WGMMA_OVERLAP=0 (default): S GEMM, wait, softmax, P V GEMM, wait; the
-//     two consumer warpgroups overlap each other only through the warp
-//     schedulers. Measured H200, D=128, S=32K: 552 TFLOP/s full, 544 causal.
-//   FM3_WGMMA_OVERLAP=1: software-pipelined (P_{i-1} V_{i-1} in flight during the
-//     softmax of S_i) + ping-pong of the two warpgroups on named barriers.
-//     Correct (all GPU tests, memcheck/racecheck clean) but slower: 306 TFLOP/s
-//     full with this single K+V barrier per stage (the producer runs at most one
-//     block ahead), and still 460 (vs 536 for the default loop on the same
-//     build) with separate K and V barriers (K and the mask bits handed back
-//     after the softmax, V after P V), which also cost the default loop 2-3%;
-//     so neither is kept. The tile sizes leave no room for a third stage.
-#ifndef FM3_WGMMA_OVERLAP
-#define FM3_WGMMA_OVERLAP 0
-#endif
+// Measured and not kept (H200, D=128, S=32K; BENCHMARKS.md): a software-pipelined
+// consumer loop (P_{i-1} V_{i-1} in flight during the softmax of S_i) with the two
+// warpgroups ping-ponging on named barriers: 306 TFLOP/s full with one K+V barrier
+// per stage, 460 with separate K and V barriers, against 536-552 for the plain
+// loop below; the tile sizes leave no room for a third stage.
 
 namespace fm3::hopper::sm90 {
-
-constexpr bool kWgmmaOverlap = FM3_WGMMA_OVERLAP != 0;
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 struct WgTraits {
@@ -81,7 +76,7 @@ struct WgTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kOffQ + kQBytes;
+  static constexpr int kOffK = kOffQ + 2 * kQBytes;  // Q double-buffered (by tile parity)
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
   static constexpr int kMaskWords = kBlockM / 32;               // visibility words per key column
   static constexpr int kOffMask = kOffV + kStages * kKVBytes;  // kStages x [kBlockN][kMaskWords] uint32
@@ -89,8 +84,9 @@ struct WgTraits {
   static constexpr int kOffEntry = kOffMask + kStages * kMaskStageInts * 4;  // kStages int
   static constexpr int kOffList = kOffEntry + 16 * 4;                          // kProducerThreads int
   static constexpr int kOffWarpCounts = kOffList + kProducerThreads * 4;       // 4 int (+pad)
-  static constexpr int kOffBar = kOffWarpCounts + 16 * 4;  // full[kStages], empty[kStages], q
-  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 1);
+  static constexpr int kOffTile = kOffWarpCounts + 16 * 4;  // 2 int: next tile, by tile parity
+  static constexpr int kOffBar = kOffTile + 16;  // full[kStages], empty[kStages], q[2], q_empty[2]
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 4);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
   static_assert(kStages <= 16, "entry slots");
 };
@@ -115,25 +111,41 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   const uint32_t bar_empty = bar_full + 8 * kStages;
   const uint32_t bar_q = bar_empty + 8 * kStages;
 
+  int* sTile = reinterpret_cast<int*>(base + Tr::kOffTile);
+  const uint32_t bar_q_empty = bar_q + 16;  // bar_q[2], then bar_q_empty[2]
+
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   const int n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
-  const int mt = n_mtiles - 1 - static_cast<int>(blockIdx.x);  // heavy (bottom) tiles first
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int group = a.num_heads / a.num_heads_k, hk = h / group;
-  const int hm = a.mask_heads == 1 ? 0 : (a.mask_heads == a.num_heads ? h : hk);
-  const int m0 = mt * kBlockM, m1 = min(m0 + kBlockM, a.seqlen_q);
   const int n_blocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
   const int causal_offset = a.seqlen_k - a.seqlen_q;
-  const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
-  const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
-  const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+  const int group = a.num_heads / a.num_heads_k;
+  // Tile t: (batch, head) = t / n_mtiles, query tile counted from the bottom.
+  struct Tile {
+    int m0, m1, h, hk, b;
+    int64_t bhm;
+  };
+  auto tile_at = [&](int t) {
+    Tile x;
+    const int bh = t / n_mtiles;
+    x.m0 = (n_mtiles - 1 - t % n_mtiles) * kBlockM;
+    x.m1 = min(x.m0 + kBlockM, a.seqlen_q);
+    x.h = bh % a.num_heads;
+    x.b = bh / a.num_heads;
+    x.hk = x.h / group;
+    const int hm = a.mask_heads == 1 ? 0 : (a.mask_heads == a.num_heads ? x.h : x.hk);
+    x.bhm = static_cast<int64_t>(x.b) * a.mask_heads + hm;
+    return x;
+  };
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bar_full + 8 * s, Tr::kProducerThreads);       // every producer thread
       mbar_init(bar_empty + 8 * s, Tr::kConsumerWarps * 32);  // every consumer thread
     }
-    mbar_init(bar_q, 1);
+    for (int qb = 0; qb < 2; ++qb) {
+      mbar_init(bar_q + 8 * qb, 1);
+      mbar_init(bar_q_empty + 8 * qb, Tr::kConsumerWarps * 32);
+    }
     mbar_fence_init();
   }
   __syncthreads();
@@ -141,65 +153,88 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   if (wg == 0) {
     // ------------------------------ producer ------------------------------
     reg_dealloc<Tr::kProducerRegs>();
-    TileMask tm;
-    tm.summary = a.summary ? a.summary + bhm * n_blocks : nullptr;
-    tm.block_mask = bm;
-    tm.bm_cols = a.bm_cols;
-    tm.seqlen_q = a.seqlen_q;
-    tm.seqlen_k = a.seqlen_k;
-    tm.block_n = kBlockN;
-    tm.n_blocks = n_blocks;
-    tm.causal_offset = causal_offset;
-    tm.causal = a.causal;
-    tm.m0 = m0;
-    tm.m1 = m1;
     if (warp == 0 && lane == 0) {
       tma_prefetch_desc(&tmap_q);
       tma_prefetch_desc(&tmap_k);
       tma_prefetch_desc(&tmap_v);
-      mbar_arrive_expect_tx(bar_q, Tr::kQBytes);
-#pragma unroll
-      for (int c = 0; c < Tr::kDChunks; ++c)
-        tma_load_4d(sQ + c * kBlockM * 128, &tmap_q, bar_q, c * 64, m0, h, b);
     }
     int stage = 0, phase = 0;
-    for (int first = 0; first < n_blocks; first += Tr::kProducerThreads) {
-      const int count = schedule_window<Tr::kProducerThreads, 1>(tm, first, sList, sWarpCounts);
-      for (int i = 0; i < count; ++i) {
-        const int entry = sList[i];
-        const int n0 = BlockEntry::block(entry) * kBlockN;
-        mbar_wait(bar_empty + 8 * stage, phase ^ 1);
-        if (BlockEntry::partial(entry) && tid < kBlockN) {  // this thread's key column as visibility bits
-          const ColumnBounds cb =
-              column_bounds(sri, n0 + tid, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, causal_offset);
-          uint32_t* dst = sMask + stage * Tr::kMaskStageInts + tid * Tr::kMaskWords;
+    // A tile boundary in the ring: every producer thread arrives (the barrier counts all of them).
+    auto post_boundary = [&](int next_tile) {
+      mbar_wait(bar_empty + 8 * stage, phase ^ 1);
+      if (tid == 0) sEntry[stage] = -1 - next_tile;
+      mbar_arrive(bar_full + 8 * stage);
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    };
+    int tile = blockIdx.x;
+    post_boundary(tile);
+    for (int k = 0; tile < a.num_tiles; ++k) {
+      const Tile x = tile_at(tile);
+      TileMask tm;
+      tm.summary = a.summary ? a.summary + x.bhm * n_blocks : nullptr;
+      tm.block_mask = a.block_mask ? a.block_mask + x.bhm * a.bm_rows * a.bm_cols : nullptr;
+      tm.bm_cols = a.bm_cols;
+      tm.seqlen_q = a.seqlen_q;
+      tm.seqlen_k = a.seqlen_k;
+      tm.block_n = kBlockN;
+      tm.n_blocks = n_blocks;
+      tm.causal_offset = causal_offset;
+      tm.causal = a.causal;
+      tm.m0 = x.m0;
+      tm.m1 = x.m1;
+      const int32_t* sri = a.sri ? a.sri + x.bhm * a.seqlen_k * a.mask_cols : nullptr;
+      int next = 0;
+      if (tid == 0) {
+        next = gridDim.x + atomicAdd(a.tile_counter, 1);  // used at the end of the tile: latency hidden
+        // Q buffer k % 2, free once the consumers are done with tile k - 2.
+        const int qb = k & 1;
+        if (k >= 2) mbar_wait(bar_q_empty + 8 * qb, ((k - 2) >> 1) & 1);
+        mbar_arrive_expect_tx(bar_q + 8 * qb, Tr::kQBytes);
 #pragma unroll
-          for (int w = 0; w < Tr::kMaskWords; ++w) dst[w] = visible_bits(cb, m0 + 32 * w);
-        }
-        // Every producer thread arrives on "full" after its own stores (release); thread 0 also
-        // arms the transaction count and issues the TMA loads.
-        const uint32_t full = bar_full + 8 * stage;
-        if (tid == 0) {
-          sEntry[stage] = entry;
-          mbar_arrive_expect_tx(full, 2 * Tr::kKVBytes);
+        for (int c = 0; c < Tr::kDChunks; ++c)
+          tma_load_4d(sQ + qb * Tr::kQBytes + c * kBlockM * 128, &tmap_q, bar_q + 8 * qb, c * 64, x.m0, x.h, x.b);
+      }
+      for (int first = 0; first < n_blocks; first += Tr::kProducerThreads) {
+        const int count = schedule_window<Tr::kProducerThreads, 1>(tm, first, sList, sWarpCounts);
+        for (int i = 0; i < count; ++i) {
+          const int entry = sList[i];
+          const int n0 = BlockEntry::block(entry) * kBlockN;
+          mbar_wait(bar_empty + 8 * stage, phase ^ 1);
+          if (BlockEntry::partial(entry) && tid < kBlockN) {  // this thread's key column as visibility bits
+            const ColumnBounds cb =
+                column_bounds(sri, n0 + tid, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, causal_offset);
+            uint32_t* dst = sMask + stage * Tr::kMaskStageInts + tid * Tr::kMaskWords;
 #pragma unroll
-          for (int c = 0; c < Tr::kDChunks; ++c) {
-            tma_load_4d(sK + stage * Tr::kKVBytes + c * kBlockN * 128, &tmap_k, full, c * 64, n0, hk, b);
-            tma_load_4d(sV + stage * Tr::kKVBytes + c * kBlockN * 128, &tmap_v, full, c * 64, n0, hk, b);
+            for (int w = 0; w < Tr::kMaskWords; ++w) dst[w] = visible_bits(cb, x.m0 + 32 * w);
           }
-        } else {
-          mbar_arrive(full);
-        }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
+          // Every producer thread arrives on "full" after its own stores (release); thread 0 also
+          // arms the transaction count and issues the TMA loads.
+          const uint32_t full = bar_full + 8 * stage;
+          if (tid == 0) {
+            sEntry[stage] = entry;
+            mbar_arrive_expect_tx(full, 2 * Tr::kKVBytes);
+#pragma unroll
+            for (int c = 0; c < Tr::kDChunks; ++c) {
+              tma_load_4d(sK + stage * Tr::kKVBytes + c * kBlockN * 128, &tmap_k, full, c * 64, n0, x.hk, x.b);
+              tma_load_4d(sV + stage * Tr::kKVBytes + c * kBlockN * 128, &tmap_v, full, c * 64, n0, x.hk, x.b);
+            }
+          } else {
+            mbar_arrive(full);
+          }
+          if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+          }
         }
       }
+      if (tid == 0) sTile[k & 1] = next;  // by parity: a slow reader of this slot is never overwritten
+      named_barrier_sync(1, Tr::kProducerThreads);
+      tile = sTile[k & 1];
+      post_boundary(tile);
     }
-    // End of list: every producer thread arrives once more (the barrier counts all of them).
-    mbar_wait(bar_empty + 8 * stage, phase ^ 1);
-    if (tid == 0) sEntry[stage] = -1;
-    mbar_arrive(bar_full + 8 * stage);
     return;
   }
 
@@ -212,11 +247,8 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   constexpr int kS = kBlockN / 2;      // S accumulators per thread
   constexpr int kO = kHeadDim / 2;     // O accumulators per thread
   float o[kO];
-#pragma unroll
-  for (int i = 0; i < kO; ++i) o[i] = 0.f;
-  float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};  // log2 units
-  float row_sum[2] = {0.f, 0.f};                      // this thread's columns only
-  const uint32_t sQw = sQ + cw * 64 * 128;             // this warpgroup's 64 rows in each sub-tile
+  float row_max[2], row_sum[2];  // log2 units; row_sum over this thread's columns only
+  uint32_t sQw = sQ;             // this warpgroup's 64 rows of the tile's Q buffer (set per tile)
 
   // S = Q K^T for the block in `stage` (issued, not waited for).
   auto issue_qk = [&](float (&s)[kS], int stage_) {
@@ -298,66 +330,39 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
     }
   };
 
-  mbar_wait(bar_q, 0);
   int stage = 0, phase = 0;
-  if constexpr (kWgmmaOverlap) {
-    // Software-pipelined: iteration i issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back,
-    // runs the softmax of S_i while the P V product is in flight, then rescales O and keeps P_i in
-    // registers for the next iteration. With two consumer warpgroups the GEMM issue of one
-    // alternates with the other's (ping-pong on named barriers 2 and 3), so one warpgroup's softmax
-    // overlaps the other's GEMMs.
-    constexpr bool kPingPong = Tr::kConsumerWGs == 2;
-    const int my_bar = 2 + cw, other_bar = 2 + (cw ^ 1);
-    if (kPingPong && cw == 1) named_barrier_arrive(2, 256);  // warpgroup 0 goes first
-    uint32_t p[kBlockN / 16][4];
-    int prev_stage = -1;
+  auto advance = [&] {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  };
+  mbar_wait(bar_full + 8 * stage, phase);  // the first entry is a tile boundary naming the first tile
+  int tile = -1 - sEntry[stage];
+  mbar_arrive(bar_empty + 8 * stage);
+  advance();
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int k = 0; tile < a.num_tiles; ++k) {
+    const Tile x = tile_at(tile);
+    const int qb = k & 1;
+    sQw = sQ + qb * Tr::kQBytes + cw * 64 * 128;
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = -CUDART_INF_F;
+      row_sum[r] = 0.f;
+    }
+    mbar_wait(bar_q + 8 * qb, (k >> 1) & 1);
     for (;;) {
       mbar_wait(bar_full + 8 * stage, phase);
       const int entry = sEntry[stage];
-      if (entry < 0) break;
-      float s[kS];
-      if (kPingPong) named_barrier_sync(my_bar, 256);
-      gmma_fence();
-      issue_qk(s, stage);
-      if (prev_stage >= 0) issue_pv(p, prev_stage);
-      if (kPingPong) named_barrier_arrive(other_bar, 256);
-      if (prev_stage >= 0) {
-        gmma_wait<1>();
-      } else {
-        gmma_wait<0>();
+      if (entry < 0) {  // end of this tile; the boundary names the next one
+        tile = -1 - entry;
+        mbar_arrive(bar_empty + 8 * stage);
+        advance();
+        break;
       }
-      fence_regs(s);
-      float alpha[2];
-      softmax(s, entry, stage, alpha);
-      if (prev_stage >= 0) {
-        gmma_wait<0>();
-        fence_regs(o);
-        fence_regs(p);
-        mbar_arrive(bar_empty + 8 * prev_stage);  // this thread is done with the previous stage
-      }
-      rescale_o(alpha);
-      pack_p(s, p);
-      prev_stage = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
-    }
-    if (prev_stage >= 0) {
-      fence_regs(o);
-      gmma_fence();
-      issue_pv(p, prev_stage);
-      gmma_wait<0>();
-      fence_regs(o);
-      fence_regs(p);
-      mbar_arrive(bar_empty + 8 * prev_stage);
-    }
-    if (kPingPong && cw == 0) named_barrier_sync(2, 256);  // match warpgroup 1's first arrive
-  } else {
-    for (;;) {
-      mbar_wait(bar_full + 8 * stage, phase);
-      const int entry = sEntry[stage];
-      if (entry < 0) break;
       float s[kS];
       gmma_fence();
       issue_qk(s, stage);
@@ -375,30 +380,29 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
       fence_regs(o);
       fence_regs(p);
       mbar_arrive(bar_empty + 8 * stage);  // this thread is done with the stage (its reads happen-before the refill)
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+      advance();
     }
-  }
-  // Epilogue: normalize, write O (pairs of elements per thread) and lse.
-  constexpr float kLn2 = 0.6931471805599453f;
-  float* lse = a.lse + (static_cast<int64_t>(b) * a.num_heads + h) * a.seqlen_q;
-  T* og = static_cast<T*>(a.out) + b * a.o_bs + h * a.o_hs;
+    mbar_arrive(bar_q_empty + 8 * qb);  // every GEMM reading this Q buffer has completed
+
+    // Epilogue: normalize, write O (pairs of elements per thread) and lse; the producer is already
+    // loading the next tile.
+    float* lse = a.lse + (static_cast<int64_t>(x.b) * a.num_heads + x.h) * a.seqlen_q;
+    T* og = static_cast<T*>(a.out) + x.b * a.o_bs + x.h * a.o_hs;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const bool empty = !(l > 0.f);
-    const float inv = empty ? 0.f : 1.f / l;
-    const int row = m0 + row_base + r * 8;
-    if (row < a.seqlen_q) {
-      T* dst = og + static_cast<int64_t>(row) * a.o_rs + 2 * t;
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const bool empty = !(l > 0.f);
+      const float inv = empty ? 0.f : 1.f / l;
+      const int row = x.m0 + row_base + r * 8;
+      if (row < a.seqlen_q) {
+        T* dst = og + static_cast<int64_t>(row) * a.o_rs + 2 * t;
 #pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d)
-        *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[d * 4 + 2 * r] * inv, o[d * 4 + 2 * r + 1] * inv);
-      if (t == 0) lse[row] = empty ? -CUDART_INF_F : (row_max[r] + __log2f(l)) * kLn2;
+        for (int d = 0; d < kHeadDim / 8; ++d)
+          *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[d * 4 + 2 * r] * inv, o[d * 4 + 2 * r + 1] * inv);
+        if (t == 0) lse[row] = empty ? -CUDART_INF_F : (row_max[r] + __log2f(l)) * kLn2;
+      }
     }
   }
 }

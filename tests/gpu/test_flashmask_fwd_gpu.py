@@ -192,3 +192,17 @@ def test_mma_sync_fallback(d, dtype, monkeypatch):
         sri, causal = family_mask(family, 333, 300 + i)
         q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES[dtype], 400 + i)
         check(q, k, v, sri, causal, dtype)
+
+
+# The persistent kernel with 3 CTAs: each takes many tiles from the counter, across (batch, head)
+# boundaries, so the tile boundaries in the ring, the double-buffered Q and the per-tile epilogue
+# all run many times per CTA.
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
+def test_persistent_many_tiles_per_cta(d, dtype, monkeypatch):
+    monkeypatch.setenv("FM3_FWD_GRID", "3")
+    for i, family in enumerate(FAMILIES):
+        sri, causal = family_mask(family, 1000, 300 + i, batch=2)
+        q, k, v = make_qkv(2, 1000, 1000, 4, 2, d, DTYPES[dtype], 400 + i)
+        check(q, k, v, sri, causal, dtype)
+    q, k, v = make_qkv(1, 200, 333, 4, 4, d, DTYPES[dtype], 7)
+    check(q, k, v, None, True, dtype)
