@@ -81,21 +81,15 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
                        args.o_bs, BM))
     return -1;
   using Tr = sm90::BwdWgTraits<T, D, BM, BN, ST>;
-  // Variants kept to measure against each other (BENCHMARKS.md): FM3_BWD_DQ=atomic adds dQ with
-  // red.global atomics instead of the writer warp; FM3_BWD_SDP=joint waits for S^T and dP^T together.
-  const bool atomic = env_is("FM3_BWD_DQ", "atomic"), joint = env_is("FM3_BWD_SDP", "joint");
-  auto kernel = deterministic ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqNone, true>
-                : atomic      ? (joint ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqAtomic, false>
-                                       : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqAtomic, true>)
-                              : (joint ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqWriter, false>
-                                       : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, sm90::kDqWriter, true>);
+  auto kernel = deterministic ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, false>
+                              : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
                                                                                                   mdo);
   FM3_CUDA_CHECK(cudaGetLastError());
-  return launch_dq<T, D, BM, BN>(args, deterministic, !atomic, stream, err, err_len);
+  return launch_dq<T, D, BM, BN>(args, deterministic, true, stream, err, err_len);
 }
 
 template <typename T>

@@ -4,32 +4,39 @@
 //
 // One CTA = one (key block of kBlockN = 128 columns, kv head, batch);
 // 128 * (1 + kBlockN / 64) threads:
-//   warpgroup 0, the producer (setmaxnreg down): TMA-loads K and V once; then,
-//     for every query head of the GQA group, its four warps run the query-tile
+//   warpgroup 0, the producer (setmaxnreg down): warp 0 TMA-loads K and V once;
+//     then, for every query head of the GQA group, it runs the query-tile
 //     scheduler (compact_window over fm3::classify_tile / apply_block_mask of
-//     the key block's summary, named barrier 1), and lane 0 of warp 0 streams
-//     the surviving query tiles -- Q and dO (TMA, 128-byte swizzle), lse2 and
-//     delta (1-D bulk copies) -- into a kStages-deep ring on mbarriers, with the
+//     the key block's summary, 32 tiles per window) and its lane 0 streams the
+//     surviving query tiles -- Q and dO (TMA, 128-byte swizzle), lse2 and delta
+//     (1-D bulk copies) -- into a kStages-deep ring on mbarriers, with the
 //     tile's entry (index + partial tag) and head beside each stage. A fully
 //     masked tile is never loaded. An entry of -1 ends the stream.
+//     Warp 1 is the dQ writer (below); warps 2-3 exit.
 //   warpgroups 1..2, the consumers (setmaxnreg up): 64 keys each. Per tile
 //     (kBlockM = 64 queries), with WGMMA:
-//       S^T = K Q^T, dP^T = V dO^T            (A, B from shared memory)
+//       S^T = K Q^T, dP^T = V dO^T            (A, B from shared memory; P^T is
+//                                               computed while dP^T is in flight)
 //       P^T = exp2(S^T * scale * log2e - lse2), dS^T = P^T (dP^T - delta)
 //         per-element mask only on partial tiles: the thread's two key columns'
 //         row intervals sit in registers for the whole CTA
 //       dV += P^T dO, dK += dS^T Q             (A = P^T / dS^T from registers)
-//       dQ += dS K                              (dS^T staged in shared memory,
+//       dQ = dS K                               (dS^T staged in shared memory,
 //         MN-major A; split between the warpgroups along the head dim (D=128)
-//         or the keys (D=64)), added into the fp32 workspace with atomics
-//         (red.global.add.v2.f32) -- or left to the deterministic row-parallel
-//         pass (kAtomicDq = false). Measured on the H200 (BENCHMARKS.md): staging
-//         dQ in shared memory and adding it with 256-byte bulk reductions
-//         (cp.reduce.async.bulk) was slower (261 vs 324 TFLOP/s, D=128), and so
-//         were overlapping the P^T / dV work with the dP^T product (register
-//         pressure: 357 -> 327 TFLOP/s), each warpgroup computing dQ over its own
-//         keys without the cross-warpgroup barrier (277), and a 3-stage ring (355).
+//         or the keys (D=64)), stored to shared memory in accumulator order;
+//         the writer warp adds the tile to the fp32 workspace with one bulk
+//         reduction (cp.reduce.async.bulk .add.f32) per warpgroup part and
+//         hands the buffer back once the reduction has read it. Deterministic
+//         mode (kWriteDq = false) leaves dQ to the row-parallel pass.
 //     dK, dV stay in registers over the whole GQA group and are written once.
+// Measured on the H200 (D=128, S=32K, BENCHMARKS.md), full / causal TFLOP/s:
+// this loop 460 / 423; dQ by red.global.add.v2.f32 atomics from the consumers'
+// registers 361 / 353; waiting for S^T and dP^T together 456 / 427 (the
+// split kept: ahead on 3 of 4 families). Earlier, on the atomic loop: dQ
+// staged and added by the consumers themselves with 256-byte bulk reductions
+// 261 (vs 324), P^T / dV overlapped with dP^T 327 (vs 357, register
+// pressure), per-warpgroup dQ without the cross-warpgroup barrier 277, and a
+// 3-stage ring 355.
 // block_mask: a tile lies inside one 128 x 128 block, so apply_block_mask
 // decides it whole and no per-element block_mask lookup is needed.
 #pragma once
@@ -87,15 +94,7 @@ struct BwdWgTraits {
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
 };
 
-// How the main kernel produces dQ.
-enum DqMode {
-  kDqNone = 0,    // not at all: the deterministic row-parallel pass computes it afterwards
-  kDqAtomic = 1,  // red.global.add.v2.f32 from the consumers' registers into the row-major workspace
-  kDqWriter = 2,  // consumers store the tile to shared memory; a writer warp adds it to the tile-blocked
-                  // workspace with one bulk reduction per warpgroup part (bwd::dq_tile_offset)
-};
-
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, int kDq, bool kSplitSdP>
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kWriteDq>
 __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
     flash_bwd_wgmma_kernel(const __grid_constant__ bwd::BwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
                            const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
@@ -145,7 +144,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   if (wg == 0) {
     // ------------------------------ producer ------------------------------
     reg_dealloc<Tr::kProducerRegs>();
-    if constexpr (kDq == kDqWriter) {
+    if constexpr (kWriteDq) {
       if (warp == 1 && lane == 0) {
         // dQ writer: per tile, one bulk fp32 reduction per warpgroup part into the tile-blocked
         // workspace; the shared buffer is handed back once the reductions have read it.
@@ -266,7 +265,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       gmma_ss<T, 64>(gmma_desc(sKw + (ks / 4) * kBlockN * 128 + off, 16, 1024),
                      gmma_desc(sQs + (ks / 4) * kBlockM * 128 + off, 16, 1024), s, ks > 0);
     }
-    if constexpr (kSplitSdP) gmma_commit();  // S^T first: P^T is computed while dP^T is in flight
+    gmma_commit();  // S^T first: P^T is computed while dP^T is in flight
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;
@@ -278,14 +277,8 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     // A operands of dV and dK.
     const float* lse_t = lse_s + stage * kBlockM;
     const float* delta_t = delta_s + stage * kBlockM;
-    if constexpr (kSplitSdP) {
-      gmma_wait<1>();
-      fence_regs(s);
-    } else {
-      gmma_wait<0>();
-      fence_regs(s);
-      fence_regs(dp);
-    }
+    gmma_wait<1>();
+    fence_regs(s);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -300,10 +293,8 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
           s[i] = p;
         }
       }
-    if constexpr (kSplitSdP) {
-      gmma_wait<0>();
-      fence_regs(dp);
-    }
+    gmma_wait<0>();
+    fence_regs(dp);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -324,7 +315,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
         pds[ps][e] = Mma<T>::pack(dp[8 * ps + 2 * e], dp[8 * ps + 2 * e + 1]);
       }
     const uint32_t sdSb = sdS + (iter & 1) * Tr::kDsBytes;
-    if constexpr (kDq != kDqNone) {
+    if constexpr (kWriteDq) {
       // dS^T to shared memory, [keys][64 queries], 128-byte rows, 16-byte chunks XOR-swizzled by
       // (key % 8) as TMA would write it. pds[ps][e]: key row key_local + 8 * (e % 2), queries
       // 8 * (2 * ps + e / 2) + 2t, +1.
@@ -345,7 +336,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 #pragma unroll
     for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], gmma_desc(sQs + ps * 2048, kBlockM * 128, 1024), dk);
     gmma_commit();
-    if constexpr (kDq != kDqNone) {
+    if constexpr (kWriteDq) {
       named_barrier_sync(2, 128 * Tr::kConsumerWGs);  // every warpgroup's dS^T is in shared memory
       // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys: A = dS^T [keys][queries] and
       // B = K [keys][head dim], both MN-major (k16 step = 16 key rows = 2048 bytes).
@@ -365,31 +356,17 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       fence_regs(pp);
       fence_regs(pds);
       mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
-      const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
-      if constexpr (kDq == kDqWriter) {
-        // This warpgroup's 64 x 64 part to shared memory in accumulator order (bwd::dq_tile_offset), once
-        // the writer has read the previous tile's; the writer adds it to the workspace.
-        if (iter > 0) mbar_wait(bar_dq_empty, (iter - 1) & 1);
-        float* dst = reinterpret_cast<float*>(base + Tr::kOffdQ) + cw * Tr::kDqChunkFloats + wq * 8 * 128 + lane * 4;
+      // This warpgroup's 64 x 64 part to shared memory in accumulator order (bwd::dq_tile_offset), once
+      // the writer has read the previous tile's; the writer adds it to the workspace.
+      if (iter > 0) mbar_wait(bar_dq_empty, (iter - 1) & 1);
+      float* dst = reinterpret_cast<float*>(base + Tr::kOffdQ) + cw * Tr::kDqChunkFloats + wq * 8 * 128 + lane * 4;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-        fence_proxy_async();  // read by the bulk reduction (async proxy)
-        if (cw == 0 && wq == 0 && lane == 0) *sDqOff = (bh * a.lse_stride + m0) * kHeadDim;
-        mbar_arrive(bar_dq_full);
-      } else {
-        float* dqa = a.dq_accum + bh * a.seqlen_q * kHeadDim + (Tr::kDqSplitD ? cw * 64 : 0);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int q = m0 + wq * 16 + g + 8 * r;
-          if (q < a.seqlen_q) {
-            float* dst = dqa + static_cast<int64_t>(q) * kHeadDim + 2 * t;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j * 4 + 2 * r], dq[j * 4 + 2 * r + 1]));
-          }
-        }
-      }
+      for (int j = 0; j < 8; ++j)
+        *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      fence_proxy_async();  // read by the bulk reduction (async proxy)
+      if (cw == 0 && wq == 0 && lane == 0)
+        *sDqOff = ((static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride + m0) * kHeadDim;
+      mbar_arrive(bar_dq_full);
     } else {
       (void)sdSb;
       gmma_wait<0>();
@@ -405,7 +382,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     }
   }
 
-  if constexpr (kDq == kDqWriter) {  // end of the dQ stream
+  if constexpr (kWriteDq) {  // end of the dQ stream
     if (iter > 0) mbar_wait(bar_dq_empty, (iter - 1) & 1);
     if (cw == 0 && wq == 0 && lane == 0) *sDqOff = -1;
     mbar_arrive(bar_dq_full);

@@ -40,12 +40,12 @@ int launch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) 
 }
 
 // ---- step 2: warp-specialized TMA + WGMMA kernel ---------------------------
-// Used for every sm90 config it covers (head_dim 64/128, block_m 64 per consumer
-// warpgroup, block_n 64/128); the step-1 kernel stays the fallback for the rest
-// (head_dim 256), for layouts TMA cannot describe, and when the environment
-// variable FM3_FWD_KERNEL=mma_sync asks for it.
+// Used for every sm90 config it covers (head_dim 64/128/256, block_m 64 per
+// consumer warpgroup, block_n 64/128); the step-1 kernel stays the fallback for
+// the rest, for layouts TMA cannot describe, and when the environment variable
+// FM3_FWD_KERNEL=mma_sync asks for it.
 constexpr bool wgmma_covers(int hd, int bm, int bn, int wg) {
-  return !FM3_NO_WGMMA && (hd == 64 || hd == 128) && (bn == 64 || bn == 128) && bm == 64 * wg &&
+  return !FM3_NO_WGMMA && (hd == 64 || hd == 128 || hd == 256) && (bn == 64 || bn == 128) && bm == 64 * wg &&
          (wg == 1 || wg == 2);
 }
 

@@ -20,9 +20,8 @@
 //     the stage and issues the TMA loads of K and V (cp.async.bulk.tensor,
 //     128-byte swizzle) completing on the stage's "full" mbarrier. An entry of
 //     tile boundary (a negative entry, -1 - next tile) ends a tile's list and
-//     names the next one. Q is loaded per tile into one of two buffers (by
-//     tile parity) on its own mbarrier, once the consumers hand that buffer
-//     back (q_empty).
+//     names the next one. Q is loaded per tile into one of kQBuffers buffers
+//     on its own mbarrier, once the consumers hand that buffer back (q_empty).
 //   warpgroups 1..kConsumerWGs, the consumers (setmaxnreg up to 232): 64 query
 //     rows each. Per stage: S = Q K^T with wgmma.mma_async (A and B from shared
 //     memory, fp32 accumulators), scale into log2 units, per-element mask
@@ -60,7 +59,7 @@ struct WgTraits {
   static constexpr int kDChunks = kHeadDim / 64;  // 128-byte swizzle sub-tiles along the head dim
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
-  static_assert(kHeadDim % 64 == 0 && (kHeadDim == 64 || kHeadDim == 128), "WGMMA path: head dim 64 or 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA path: head dim 64, 128 or 256");
   static_assert(kBlockN == 64 || kBlockN == 128, "WGMMA path: block_n 64 or 128");
   static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 2, "64 rows per consumer warpgroup");
   static_assert(kStages >= 2, "at least two stages");
@@ -76,7 +75,10 @@ struct WgTraits {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
   static constexpr int kOffQ = 0;
-  static constexpr int kOffK = kOffQ + 2 * kQBytes;  // Q double-buffered (by tile parity)
+  // Q double-buffered (the next tile's Q loads during this tile) where shared memory allows; at head
+  // dim 256 a second 64 KB buffer does not fit beside the K/V ring, so Q loads between tiles.
+  static constexpr int kQBuffers = 2 * kQBytes + 2 * kStages * kKVBytes + 8192 <= 227 * 1024 ? 2 : 1;
+  static constexpr int kOffK = kOffQ + kQBuffers * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKVBytes;
   static constexpr int kMaskWords = kBlockM / 32;               // visibility words per key column
   static constexpr int kOffMask = kOffV + kStages * kKVBytes;  // kStages x [kBlockN][kMaskWords] uint32
@@ -189,9 +191,9 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
       int next = 0;
       if (tid == 0) {
         next = gridDim.x + atomicAdd(a.tile_counter, 1);  // used at the end of the tile: latency hidden
-        // Q buffer k % 2, free once the consumers are done with tile k - 2.
-        const int qb = k & 1;
-        if (k >= 2) mbar_wait(bar_q_empty + 8 * qb, ((k - 2) >> 1) & 1);
+        // Q buffer k % kQBuffers, free once the consumers are done with tile k - kQBuffers.
+        const int qb = k % Tr::kQBuffers;
+        if (k >= Tr::kQBuffers) mbar_wait(bar_q_empty + 8 * qb, (k / Tr::kQBuffers - 1) & 1);
         mbar_arrive_expect_tx(bar_q + 8 * qb, Tr::kQBytes);
 #pragma unroll
         for (int c = 0; c < Tr::kDChunks; ++c)
@@ -344,7 +346,7 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   constexpr float kLn2 = 0.6931471805599453f;
   for (int k = 0; tile < a.num_tiles; ++k) {
     const Tile x = tile_at(tile);
-    const int qb = k & 1;
+    const int qb = k % Tr::kQBuffers;
     sQw = sQ + qb * Tr::kQBytes + cw * 64 * 128;
 #pragma unroll
     for (int i = 0; i < kO; ++i) o[i] = 0.f;
@@ -353,7 +355,7 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
       row_max[r] = -CUDART_INF_F;
       row_sum[r] = 0.f;
     }
-    mbar_wait(bar_q + 8 * qb, (k >> 1) & 1);
+    mbar_wait(bar_q + 8 * qb, (k / Tr::kQBuffers) & 1);
     for (;;) {
       mbar_wait(bar_full + 8 * stage, phase);
       const int entry = sEntry[stage];

@@ -130,8 +130,10 @@ struct GmmaAtoms;
   };
 FM3_GMMA_ATOMS(__nv_bfloat16, 64, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 128, BF16BF16)
+FM3_GMMA_ATOMS(__nv_bfloat16, 256, BF16BF16)
 FM3_GMMA_ATOMS(__half, 64, F16F16)
 FM3_GMMA_ATOMS(__half, 128, F16F16)
+FM3_GMMA_ATOMS(__half, 256, F16F16)
 #undef FM3_GMMA_ATOMS
 
 template <class Atom, int N, size_t... I>

@@ -311,14 +311,3 @@ def test_mma_sync_fallback(d, dtype, deterministic, monkeypatch):
         q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES[dtype], 600 + i)
         check_bwd(q, k, v, sri, causal, dtype, deterministic=deterministic, seed=600 + i)
 
-
-# The WGMMA backward's measured variants (FM3_BWD_DQ=atomic: dQ by red.global atomics instead of the
-# writer warp; FM3_BWD_SDP=joint: one wait for S^T and dP^T), checked like the default.
-@pytest.mark.parametrize("variant", [("FM3_BWD_DQ", "atomic"), ("FM3_BWD_SDP", "joint")])
-@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
-def test_wgmma_variants(d, dtype, variant, monkeypatch):
-    monkeypatch.setenv(*variant)
-    for i, family in enumerate(["causal", "document", "random_eviction", "share_question"]):
-        sri, causal = family_mask(family, 333, 700 + i)
-        q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES[dtype], 800 + i)
-        check_bwd(q, k, v, sri, causal, dtype, seed=800 + i)

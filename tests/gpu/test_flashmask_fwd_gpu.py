@@ -196,8 +196,8 @@ def test_mma_sync_fallback(d, dtype, monkeypatch):
 
 # The persistent kernel with 3 CTAs: each takes many tiles from the counter, across (batch, head)
 # boundaries, so the tile boundaries in the ring, the double-buffered Q and the per-tile epilogue
-# all run many times per CTA.
-@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
+# all run many times per CTA (head dim 256: one Q buffer, reloaded between tiles).
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (256, "bf16")])
 def test_persistent_many_tiles_per_cta(d, dtype, monkeypatch):
     monkeypatch.setenv("FM3_FWD_GRID", "3")
     for i, family in enumerate(FAMILIES):
