@@ -22,21 +22,29 @@
 //         row intervals sit in registers for the whole CTA
 //       dV += P^T dO, dK += dS^T Q             (A = P^T / dS^T from registers)
 //       dQ = dS K                               (dS^T staged in shared memory,
-//         MN-major A; split between the warpgroups along the head dim (D=128)
-//         or the keys (D=64)), stored to shared memory in accumulator order;
-//         the writer warp adds the tile to the fp32 workspace with one bulk
-//         reduction (cp.reduce.async.bulk .add.f32) per warpgroup part and
-//         hands the buffer back once the reduction has read it. Deterministic
-//         mode (kWriteDq = false) leaves dQ to the row-parallel pass.
+//         3 buffers, MN-major A; split between the warpgroups along the head
+//         dim (D=128) or the keys (D=64)), issued one tile late -- the other
+//         warpgroup's half of dS^T is then long written (mbarriers, no
+//         cross-warpgroup barrier) -- and stored to shared memory in
+//         accumulator order; the writer warp adds the tile to the fp32
+//         workspace with one bulk reduction (cp.reduce.async.bulk .add.f32)
+//         per warpgroup part and hands the buffer back once it has been read.
+//         Deterministic mode (kWriteDq = false) leaves dQ to the row-parallel
+//         pass.
+//     The two warpgroups take turns issuing S^T / dP^T (ping-pong on named
+//     barriers), so one's elementwise phase overlaps the other's products.
 //     dK, dV stay in registers over the whole GQA group and are written once.
-// Measured on the H200 (D=128, S=32K, BENCHMARKS.md), full / causal TFLOP/s:
-// this loop 460 / 423; dQ by red.global.add.v2.f32 atomics from the consumers'
-// registers 361 / 353; waiting for S^T and dP^T together 456 / 427 (the
-// split kept: ahead on 3 of 4 families). Earlier, on the atomic loop: dQ
-// staged and added by the consumers themselves with 256-byte bulk reductions
-// 261 (vs 324), P^T / dV overlapped with dP^T 327 (vs 357, register
-// pressure), per-warpgroup dQ without the cross-warpgroup barrier 277, and a
-// 3-stage ring 355.
+// Measured on the H200 (D=128, S=32K, bf16, BENCHMARKS.md), full / causal /
+// share_question TFLOP/s: this loop 482 / 449 / 433. Steps to it: dQ by
+// red.global.add.v2.f32 atomics from the consumers' registers 361 / 353 / 324;
+// the writer warp 460-473 / 423-440 / 389-408 (waiting for S^T and dP^T
+// together instead: 456 / 427 / 385); dQ one tile late alone 456-460 / 433-436
+// / 387-390 (the warpgroups stay in lockstep); plus a one-time half-tile
+// stagger 476-485 / 435-445 / 406-423; ping-pong on top of the stagger 482 /
+// 450 / 413. Earlier, on the atomic loop: dQ staged and added by the consumers
+// themselves with 256-byte bulk reductions 261 (vs 324), P^T / dV overlapped
+// with dP^T 327 (vs 357, register pressure), per-warpgroup dQ over its own
+// keys 277, and a 3-stage ring 355.
 // block_mask: a tile lies inside one 128 x 128 block, so apply_block_mask
 // decides it whole and no per-element block_mask lookup is needed.
 #pragma once
@@ -79,8 +87,9 @@ struct BwdWgTraits {
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kKBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
-  static constexpr int kOffdS = kOffdO + kStages * kQBytes;  // 2 buffers (alternate tiles)
-  static constexpr int kOffLse = kOffdS + 2 * kDsBytes;  // kStages x kBlockM fp32
+  static constexpr int kDsBuffers = 3;  // dS^T buffers (tile % 3): dQ of a tile runs during the next one
+  static constexpr int kOffdS = kOffdO + kStages * kQBytes;
+  static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffEntry = kOffDelta + kStages * kBlockM * 4;  // 16 int
   static constexpr int kOffHead = kOffEntry + 16 * 4;                    // 16 int
@@ -89,8 +98,9 @@ struct BwdWgTraits {
   static constexpr int kOffDqOff = kOffWarpCounts + 16 * 4;               // int64: the dQ tile being written
   static constexpr int kOffdQ = (kOffDqOff + 8 + 1023) / 1024 * 1024;   // dQ tile, fp32, 2 x 16 KB (writer mode)
   static constexpr int kDqChunkFloats = 64 * 64;                         // one warpgroup's 64 x 64 part
-  static constexpr int kOffBar = kOffdQ + 2 * kDqChunkFloats * 4;  // full[kStages], empty[kStages], kv, dq_full, dq_empty
-  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3);
+  // full[kStages], empty[kStages], kv, dq_full, dq_empty, ds_full[kDsBuffers], ds_empty[kDsBuffers]
+  static constexpr int kOffBar = kOffdQ + 2 * kDqChunkFloats * 4;
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3 + 2 * kDsBuffers);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
 };
 
@@ -117,7 +127,8 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   const uint32_t bar_full = base_u32 + Tr::kOffBar;
   const uint32_t bar_empty = bar_full + 8 * kStages;
   const uint32_t bar_kv = bar_empty + 8 * kStages;
-  const uint32_t bar_dq_full = bar_kv + 8, bar_dq_empty = bar_kv + 16;  // kDqWriter: consumers <-> writer warp
+  const uint32_t bar_dq_full = bar_kv + 8, bar_dq_empty = bar_kv + 16;  // consumers <-> dQ writer warp
+  const uint32_t bar_ds_full = bar_kv + 24, bar_ds_empty = bar_ds_full + 8 * Tr::kDsBuffers;  // dS^T buffers
   const uint32_t sdQ = base_u32 + Tr::kOffdQ;
   volatile int64_t* sDqOff = reinterpret_cast<volatile int64_t*>(base + Tr::kOffDqOff);
 
@@ -137,6 +148,10 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     mbar_init(bar_kv, 1);
     mbar_init(bar_dq_full, 128 * Tr::kConsumerWGs);
     mbar_init(bar_dq_empty, 1);
+    for (int i = 0; i < Tr::kDsBuffers; ++i) {
+      mbar_init(bar_ds_full + 8 * i, 128 * Tr::kConsumerWGs);
+      mbar_init(bar_ds_empty + 8 * i, 128 * Tr::kConsumerWGs);
+    }
     mbar_fence_init();
   }
   __syncthreads();
@@ -235,7 +250,41 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   int cur_hm = -1;
   const uint32_t sKw = sK + cw * 64 * 128, sVw = sV + cw * 64 * 128;  // this warpgroup's keys in each sub-tile
 
+  // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys, from dS^T buffer `buf`:
+  // A = dS^T [keys][queries] and B = K [keys][head dim], both MN-major (k16 step = 16 key rows).
+  auto issue_dq = [&](int buf, float (&dq)[32]) {
+    const int key0 = Tr::kDqSplitD ? 0 : cw * 64;
+    const uint32_t sKd = sK + (Tr::kDqSplitD ? cw * kBlockN * 128 : 0);
+    const uint32_t sdSb = sdS + buf * Tr::kDsBytes;
+    gmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
+      gmma_ss_mn<T, 64>(gmma_desc(sdSb + key0 * 128 + ks * 2048, 16, 1024),
+                        gmma_desc(sKd + key0 * 128 + ks * 2048, kBlockN * 128, 1024), dq, ks > 0);
+    gmma_commit();
+  };
+  // This warpgroup's 64 x 64 part of the dQ tile at workspace offset `off` to shared memory in
+  // accumulator order (bwd::dq_tile_offset), once the writer has read the previous tile's; the
+  // writer warp adds it to the workspace.
+  int dq_count = 0;
+  int64_t prev_off = 0;
+  auto write_dq = [&](const float (&dq)[32], int64_t off) {
+    if (dq_count > 0) mbar_wait(bar_dq_empty, (dq_count - 1) & 1);
+    float* dst = reinterpret_cast<float*>(base + Tr::kOffdQ) + cw * Tr::kDqChunkFloats + wq * 8 * 128 + lane * 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    fence_proxy_async();  // read by the bulk reduction (async proxy)
+    if (cw == 0 && wq == 0 && lane == 0) *sDqOff = off;
+    mbar_arrive(bar_dq_full);
+    ++dq_count;
+  };
+
   mbar_wait(bar_kv, 0);
+  // Ping-pong: the warpgroups take turns issuing S^T / dP^T (named barriers 4 and 5), so one
+  // warpgroup's elementwise phase runs while the other's products keep the tensor cores busy;
+  // nothing else re-synchronizes them (dQ of a tile is computed during the next one).
+  if (cw == 1) named_barrier_arrive(4, 128 * Tr::kConsumerWGs);  // warpgroup 0 goes first
   int stage = 0, phase = 0, iter = 0;
   for (;; ++iter) {
     mbar_wait(bar_full + 8 * stage, phase);
@@ -258,6 +307,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 
     // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries each.
     float s[32], dp[32];
+    named_barrier_sync(4 + cw, 128 * Tr::kConsumerWGs);  // this warpgroup's turn
     gmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
@@ -273,6 +323,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
                      gmma_desc(sdOs + (ks / 4) * kBlockM * 128 + off, 16, 1024), dp, ks > 0);
     }
     gmma_commit();
+    named_barrier_arrive(5 - cw, 128 * Tr::kConsumerWGs);  // the other warpgroup's turn
     // P^T and dS^T (fp32, in place; masked per element on partial tiles), packed as the register
     // A operands of dV and dK.
     const float* lse_t = lse_s + stage * kBlockM;
@@ -314,20 +365,23 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
         pp[ps][e] = Mma<T>::pack(s[8 * ps + 2 * e], s[8 * ps + 2 * e + 1]);
         pds[ps][e] = Mma<T>::pack(dp[8 * ps + 2 * e], dp[8 * ps + 2 * e + 1]);
       }
-    const uint32_t sdSb = sdS + (iter & 1) * Tr::kDsBytes;
+    const int dsb = iter % Tr::kDsBuffers;
     if constexpr (kWriteDq) {
       // dS^T to shared memory, [keys][64 queries], 128-byte rows, 16-byte chunks XOR-swizzled by
       // (key % 8) as TMA would write it. pds[ps][e]: key row key_local + 8 * (e % 2), queries
-      // 8 * (2 * ps + e / 2) + 2t, +1.
-      unsigned char* dsb = base + Tr::kOffdS + (iter & 1) * Tr::kDsBytes;
+      // 8 * (2 * ps + e / 2) + 2t, +1. Pipelined: the buffer is free once both warpgroups' dQ of
+      // tile iter - kDsBuffers has completed.
+      if (iter >= Tr::kDsBuffers) mbar_wait(bar_ds_empty + 8 * dsb, (iter / Tr::kDsBuffers - 1) & 1);
+      unsigned char* dst = base + Tr::kOffdS + dsb * Tr::kDsBytes;
 #pragma unroll
       for (int ps = 0; ps < 4; ++ps)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = key_local + 8 * (e % 2), chunk = 2 * ps + e / 2;
-          *reinterpret_cast<uint32_t*>(dsb + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) = pds[ps][e];
+          *reinterpret_cast<uint32_t*>(dst + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) = pds[ps][e];
         }
       fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
+      mbar_arrive(bar_ds_full + 8 * dsb);
     }
     // dV += P^T dO, dK += dS^T Q: B = dO / Q [queries][head dim], MN-major (k16 step = 16 query rows).
     gmma_fence();
@@ -336,39 +390,35 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 #pragma unroll
     for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], gmma_desc(sQs + ps * 2048, kBlockM * 128, 1024), dk);
     gmma_commit();
+    const int64_t tile_off = ((static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride + m0) * kHeadDim;
     if constexpr (kWriteDq) {
-      named_barrier_sync(2, 128 * Tr::kConsumerWGs);  // every warpgroup's dS^T is in shared memory
-      // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys: A = dS^T [keys][queries] and
-      // B = K [keys][head dim], both MN-major (k16 step = 16 key rows = 2048 bytes).
-      const int key0 = Tr::kDqSplitD ? 0 : cw * 64;
-      const uint32_t sKd = sK + (Tr::kDqSplitD ? cw * kBlockN * 128 : 0);
-      float dq[32];
-      gmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
-        gmma_ss_mn<T, 64>(gmma_desc(sdSb + key0 * 128 + ks * 2048, 16, 1024),
-                          gmma_desc(sKd + key0 * 128 + ks * 2048, kBlockN * 128, 1024), dq, ks > 0);
-      gmma_commit();
-      gmma_wait<0>();
-      fence_regs(dq);
-      fence_regs(dk);
-      fence_regs(dv);
-      fence_regs(pp);
-      fence_regs(pds);
-      mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
-      // This warpgroup's 64 x 64 part to shared memory in accumulator order (bwd::dq_tile_offset), once
-      // the writer has read the previous tile's; the writer adds it to the workspace.
-      if (iter > 0) mbar_wait(bar_dq_empty, (iter - 1) & 1);
-      float* dst = reinterpret_cast<float*>(base + Tr::kOffdQ) + cw * Tr::kDqChunkFloats + wq * 8 * 128 + lane * 4;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-      fence_proxy_async();  // read by the bulk reduction (async proxy)
-      if (cw == 0 && wq == 0 && lane == 0)
-        *sDqOff = ((static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride + m0) * kHeadDim;
-      mbar_arrive(bar_dq_full);
+      // dQ of the previous tile: the other warpgroup wrote its dS^T a tile ago, so this wait
+      // rarely blocks and the two warpgroups drift freely within the ring.
+      if (iter > 0) {
+        const int pb = (iter - 1) % Tr::kDsBuffers;
+        mbar_wait(bar_ds_full + 8 * pb, ((iter - 1) / Tr::kDsBuffers) & 1);
+        float dq[32];
+        issue_dq(pb, dq);
+        gmma_wait<0>();
+        fence_regs(dq);
+        fence_regs(dk);
+        fence_regs(dv);
+        fence_regs(pp);
+        fence_regs(pds);
+        mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
+        mbar_arrive(bar_ds_empty + 8 * pb);
+        write_dq(dq, prev_off);
+      } else {
+        gmma_wait<0>();
+        fence_regs(dk);
+        fence_regs(dv);
+        fence_regs(pp);
+        fence_regs(pds);
+        mbar_arrive(bar_empty + 8 * stage);
+      }
+      prev_off = tile_off;
     } else {
-      (void)sdSb;
+      (void)tile_off;
       gmma_wait<0>();
       fence_regs(dk);
       fence_regs(dv);
@@ -382,8 +432,19 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     }
   }
 
-  if constexpr (kWriteDq) {  // end of the dQ stream
-    if (iter > 0) mbar_wait(bar_dq_empty, (iter - 1) & 1);
+  if (cw == 0) named_barrier_sync(4, 128 * Tr::kConsumerWGs);  // match warpgroup 1's last arrive
+  if constexpr (kWriteDq) {
+    if (iter > 0) {  // the last tile's dQ
+      const int pb = (iter - 1) % Tr::kDsBuffers;
+      mbar_wait(bar_ds_full + 8 * pb, ((iter - 1) / Tr::kDsBuffers) & 1);
+      float dq[32];
+      issue_dq(pb, dq);
+      gmma_wait<0>();
+      fence_regs(dq);
+      write_dq(dq, prev_off);
+    }
+    // End of the dQ stream.
+    if (dq_count > 0) mbar_wait(bar_dq_empty, (dq_count - 1) & 1);
     if (cw == 0 && wq == 0 && lane == 0) *sDqOff = -1;
     mbar_arrive(bar_dq_full);
   }
