@@ -35,7 +35,7 @@
 //     barriers), so one's elementwise phase overlaps the other's products.
 //     dK, dV stay in registers over the whole GQA group and are written once.
 // Measured on the H200 (D=128, S=32K, bf16, BENCHMARKS.md), full / causal /
-// share_question TFLOP/s: this loop 482 / 449 / 433. Steps to it: dQ by
+// share_question TFLOP/s: this loop 482-484 / 421-449 / 420-433 (two runs). Steps to it: dQ by
 // red.global.add.v2.f32 atomics from the consumers' registers 361 / 353 / 324;
 // the writer warp 460-473 / 423-440 / 389-408 (waiting for S^T and dP^T
 // together instead: 456 / 427 / 385); dQ one tile late alone 456-460 / 433-436

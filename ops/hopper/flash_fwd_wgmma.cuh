@@ -1,5 +1,5 @@
-// FlashMask forward, step 2 of the Hopper climb: warp-specialized TMA + WGMMA
-// (DESIGN.md "Hopper kernel shape"), built for sm_90a.
+// FlashMask forward on Hopper: persistent, warp-specialized TMA + WGMMA
+// (DESIGN.md "Hopper kernel shape"; step 3 in BENCHMARKS.md), built for sm_90a.
 //
 // Persistent: one CTA per SM, 128 * (1 + kConsumerWGs) threads, takes query
 // tiles (batch, head, kBlockM = 64 * kConsumerWGs rows) one after another from
@@ -18,9 +18,9 @@
 //     for the tile's rows (fm3::visible_bits, one 32-bit word per 32 rows);
 //     lane 0 of warp 0 writes the block's entry (index + partial tag) beside
 //     the stage and issues the TMA loads of K and V (cp.async.bulk.tensor,
-//     128-byte swizzle) completing on the stage's "full" mbarrier. An entry of
-//     tile boundary (a negative entry, -1 - next tile) ends a tile's list and
-//     names the next one. Q is loaded per tile into one of kQBuffers buffers
+//     128-byte swizzle) completing on the stage's "full" mbarrier. A negative
+//     entry, -1 - next tile, is a tile boundary: it ends a tile's list and
+//     names the next tile (the first entry names the first one). Q is loaded per tile into one of kQBuffers buffers
 //     on its own mbarrier, once the consumers hand that buffer back (q_empty).
 //   warpgroups 1..kConsumerWGs, the consumers (setmaxnreg up to 232): 64 query
 //     rows each. Per stage: S = Q K^T with wgmma.mma_async (A and B from shared
