@@ -11,7 +11,7 @@ and the block-summary kernel alone. TFLOP/s count only visible pairs: 4 * B * H 
 
     python3 scripts/bench_attention.py --seqlens 32768 --head-dims 128 --out $OUT/bench.json
 
---bwd times the backward instead (paddle_fm3.kernels.flashmask_bwd, atomic and deterministic dQ;
+--bwd times the backward instead (paddle_fm3.kernels.flashmask_bwd, default and deterministic dQ;
 forward+backward; FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are
 2.5x the forward's, forward+backward 3.5x:
 
@@ -48,7 +48,7 @@ def bench(fn, warmup=2, rep=8):
     return float(np.median(ts)) / 1e3  # seconds
 
 
-def normalized_vectors(sri, causal, sq):
+def normalized_vectors(sri, causal, sq, device="cuda"):
     """[B, Hm, S, C] -> four [B, S] int32 vectors (LTS, LTE, UTS, UTE), as fm3::load_column."""
     a = sri[:, 0]
     c = a.shape[-1]
@@ -61,7 +61,35 @@ def normalized_vectors(sri, causal, sq):
         lte, uts, ute = np.full_like(lts, sq), np.zeros_like(lts), a[..., 1]
     else:
         lte, uts, ute = a[..., 1], a[..., 2], a[..., 3]
-    return [torch.from_numpy(np.ascontiguousarray(x, dtype=np.int32)).cuda() for x in (lts, lte, uts, ute)]
+    return [torch.from_numpy(np.ascontiguousarray(x, dtype=np.int32)).to(device) for x in (lts, lte, uts, ute)]
+
+
+class FlexMask:
+    """FlexAttention's view of a FlashMask mask: a mask_mod reading the four column vectors (and the
+    causal flag) from buffers that each family overwrites, so the compiled kernels are reused."""
+
+    def __init__(self, b, s, device="cuda"):
+        self.b, self.s, self.device = b, s, device
+        self.vecs = [torch.zeros(b, s, dtype=torch.int32, device=device) for _ in range(4)]
+        self.causal_flag = torch.zeros(1, dtype=torch.int32, device=device)
+        lts, lte, uts, ute = self.vecs
+        causal_flag = self.causal_flag
+
+        def mask_mod(bi, hi, qi, kj):  # a plain function: create_block_mask rejects bound methods
+            hidden = ((qi >= lts[bi, kj]) & (qi < lte[bi, kj])) | ((qi >= uts[bi, kj]) & (qi < ute[bi, kj]))
+            return ~hidden & ((kj <= qi) | (causal_flag[0] == 0))
+        self.mask_mod = mask_mod
+
+    def set_family(self, sri_np, causal):
+        for buf, val in zip(self.vecs, normalized_vectors(sri_np, causal, self.s, self.device)):
+            buf.copy_(val)
+        self.causal_flag.fill_(1 if causal else 0)
+
+    def block_mask(self):
+        """The BlockMask of the current family. _compile=True evaluates the mask_mod block by block
+        instead of materializing the dense B x S x S mask (at S = 128K that asks for 128 GiB)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+        return create_block_mask(self.mask_mod, self.b, None, self.s, self.s, device=self.device, _compile=True)
 
 
 def main():
@@ -81,7 +109,7 @@ def main():
     if args.bwd:
         return main_bwd(args)
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     for d in [int(x) for x in args.head_dims.split(",")]:
@@ -91,13 +119,7 @@ def main():
             out = torch.empty_like(q)
             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
             qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, S, D] views
-            vec_bufs = [torch.zeros(b, s, dtype=torch.int32, device="cuda") for _ in range(4)]
-            causal_flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-            lts, lte, uts, ute = vec_bufs
-
-            def mask_mod(bi, hi, qi, kj):
-                hidden = ((qi >= lts[bi, kj]) & (qi < lte[bi, kj])) | ((qi >= uts[bi, kj]) & (qi < ute[bi, kj]))
-                return ~hidden & ((kj <= qi) | (causal_flag[0] == 0))
+            flex_mask = FlexMask(b, s)
             for fam in args.families.split(","):
                 fm = masks.FAMILIES[fam](s, np.random.default_rng(0), batch=b)
                 sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
@@ -116,14 +138,10 @@ def main():
                 row["summary_pct"] = 100.0 * ts / t
                 if not args.no_flex:
                     try:
-                        # one mask_mod (and so one compiled kernel) per shape: the vectors and
-                        # the causal flag live in buffers that each family overwrites
-                        for buf, val in zip(vec_bufs, normalized_vectors(sri_np, causal, s)):
-                            buf.copy_(val)
-                        causal_flag.fill_(1 if causal else 0)
+                        flex_mask.set_family(sri_np, causal)
                         torch.cuda.synchronize()
                         t0 = time.perf_counter()
-                        bmask = create_block_mask(mask_mod, b, None, s, s, device="cuda")
+                        bmask = flex_mask.block_mask()
                         torch.cuda.synchronize()
                         row["flex_block_mask_ms"] = (time.perf_counter() - t0) * 1e3
                         tf = bench(lambda: flex(qt, kt, vt, block_mask=bmask))
@@ -158,7 +176,7 @@ def main():
 def main_bwd(args):
     """Backward and forward+backward TFLOP/s (2.5x / 3.5x the forward's visible-pair FLOPs)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
     flex = torch.compile(flex_attention, dynamic=False)
     rep = args.rep
     rows = []
@@ -172,13 +190,7 @@ def main_bwd(args):
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
             qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
             qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
-            vec_bufs = [torch.zeros(b, s, dtype=torch.int32, device="cuda") for _ in range(4)]
-            causal_flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-            lts, lte, uts, ute = vec_bufs
-
-            def mask_mod(bi, hi, qi, kj):
-                hidden = ((qi >= lts[bi, kj]) & (qi < lte[bi, kj])) | ((qi >= uts[bi, kj]) & (qi < ute[bi, kj]))
-                return ~hidden & ((kj <= qi) | (causal_flag[0] == 0))
+            flex_mask = FlexMask(b, s)
             for fam in args.families.split(","):
                 fm = masks.FAMILIES[fam](s, np.random.default_rng(0), batch=b)
                 sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
@@ -203,10 +215,8 @@ def main_bwd(args):
                 row["fm3_fwdbwd_tflops"] = 3.5 * fwd_flops / t / 1e12
                 if not args.no_flex:
                     try:
-                        for buf, val in zip(vec_bufs, normalized_vectors(sri_np, causal, s)):
-                            buf.copy_(val)
-                        causal_flag.fill_(1 if causal else 0)
-                        bmask = create_block_mask(mask_mod, b, None, s, s, device="cuda")
+                        flex_mask.set_family(sri_np, causal)
+                        bmask = flex_mask.block_mask()
                         o = flex(qg, kg, vg, block_mask=bmask)
                         tb = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
                                    warmup=1, rep=rep)
