@@ -20,9 +20,10 @@ def _load() -> types.SimpleNamespace:
     libs = sorted(_HERE.glob("_fm3_ops*.so"))
     if not libs:
         raise ImportError(
-            "paddle_fm3's compiled ops are missing: install the package with "
+            f"paddle_fm3's compiled ops are missing in {_HERE}: install the package with "
             "`pip install --no-build-isolation .` (needs paddlepaddle) or build in place with "
-            "`python setup.py build_ext --inplace`")
+            "`python setup.py build_ext --inplace`. If it is installed, this is probably the source "
+            "tree shadowing it: run from outside the repository root.")
     names = _eu.load_op_meta_info_and_register_op(str(libs[0]))
     namespace: dict = {"__name__": __name__}  # dy2static (SOT) reads the functions' __module__
     for name in names:

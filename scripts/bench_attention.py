@@ -93,18 +93,25 @@ class FlexMask:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seqlens", default="32768")
-    ap.add_argument("--head-dims", default="128")
-    ap.add_argument("--families", default=",".join(masks.FAMILIES))
-    ap.add_argument("--no-flex", action="store_true")
-    ap.add_argument("--out", default=None)
+    ap = argparse.ArgumentParser(description="Hopper attention benchmark vs FlexAttention and cuDNN SDPA "
+                                 "(needs torch with CUDA and a Hopper GPU; see the module doc).")
+    ap.add_argument("--seqlens", default="32768", help="comma-separated sequence lengths S")
+    ap.add_argument("--head-dims", default="128", help="comma-separated head dims D (heads = 4096 / D)")
+    ap.add_argument("--families", default=",".join(masks.FAMILIES), help="comma-separated mask families")
+    ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes minutes)")
+    ap.add_argument("--out", default=None, help="write the result rows as JSON here")
     ap.add_argument("--bwd", action="store_true", help="benchmark the backward (see the module doc)")
     ap.add_argument("--total-tokens", type=int, default=TOTAL, help="batch = total / S")
-    ap.add_argument("--rep", type=int, default=8)
+    ap.add_argument("--rep", type=int, default=8, help="timed repetitions (median reported)")
     args = ap.parse_args()
     global torch
-    import torch as torch_module
+    try:
+        import torch as torch_module
+    except ImportError:
+        sys.exit("bench_attention.py needs torch with CUDA on a Hopper GPU (the device machine); "
+                 "torch is not installed here")
+    if not torch_module.cuda.is_available():
+        sys.exit("bench_attention.py needs a CUDA GPU (Hopper); torch sees none")
     torch = torch_module
     if args.bwd:
         return main_bwd(args)
