@@ -55,6 +55,36 @@ def test_static_graph_reads_unchecked_indices_with_the_interval_meaning():
     assert np.all(got == 0)  # every row masked
 
 
+def test_static_graph_with_unknown_dims_checks_mask_shape_at_run_time():
+    """Unknown (-1) dims hide the mask's shape from the Python checks; the op checks it when the graph
+    runs (once a mask shorter than seqlen_k or of another batch was read out of bounds: a segfault)."""
+    def f(q, k, v, sri):
+        return fm3.flashmask_attention(q, k, v, sri, causal=True)
+
+    spec = [InputSpec([None, None, 1, 8], "float32")] * 3 + [InputSpec([None, 1, None, 1], "int32")]
+    sf = paddle.jit.to_static(f, input_spec=spec, full_graph=True)
+    q = paddle.randn([1, 64, 1, 8])
+    good = paddle.full([1, 1, 64, 1], 64, "int32")
+    np.testing.assert_array_equal(sf(q, q, q, good).numpy(), f(q, q, q, good).numpy())
+    long_kv = paddle.randn([1, 5000, 1, 8])
+    with pytest.raises(ValueError, match="startend_row_indices must have shape"):
+        sf(q, long_kv, long_kv, paddle.full([1, 1, 1, 1], 64, "int32"))
+    q4 = paddle.randn([4, 64, 1, 8])
+    with pytest.raises(ValueError, match="startend_row_indices must have shape"):
+        sf(q4, q4, q4, good)
+
+
+def test_raw_op_checks_shapes():
+    from paddle_fm3._ops import ops
+    q = paddle.randn([1, 100, 2, 16])
+    k = paddle.randn([1, 90, 2, 16])
+    for sri, what in [(paddle.full([1, 1, 50, 1], 100, "int32"), "must have shape"),
+                      (paddle.full([1, 5, 90, 1], 100, "int32"), "shape\\[1\\]"),
+                      (paddle.full([1, 1, 90, 3], 100, "int32"), "shape\\[3\\]")]:
+        with pytest.raises(ValueError, match=what):
+            ops.fm3_flashmask_attention(q, k, k, sri, None, 0.25, True)
+
+
 def test_huge_window_equals_no_window():
     q, k, v = qkv(grad=False)
     got = fm3.flashmask_attention(q, k, v, window_size=(2**63 - 1, 0), causal=True)

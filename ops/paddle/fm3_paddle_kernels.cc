@@ -1,14 +1,18 @@
 // Paddle glue: maps paddle::Tensor onto the framework-free params struct and
 // calls the kernels through the C ABI. The registration of these functions as
 // ops is generated from yaml/ (fm3_ops_generated.cc). Argument checking with
-// user-facing messages lives in paddle_fm3/_validation.py; the PD_CHECKs here
-// guard the ABI against direct misuse.
+// user-facing messages lives in paddle_fm3/_validation.py; the shape checks here
+// repeat its shape rules at run time, because under paddle.jit.to_static with
+// unknown (-1) dimensions the Python checks cannot see the real shapes, and a
+// mask shorter than seqlen_k would otherwise be read out of bounds.
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "fm3/params.h"
 #include "fm3_ops_generated.h"
+#include "paddle/common/enforce.h"
 
 #ifdef FM3_WITH_CUDA
 extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len);
@@ -16,6 +20,14 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
 #endif
 
 namespace {
+
+// A shape check that Paddle turns into a ValueError in dynamic and static graphs alike (an
+// InvalidArgument EnforceNotMet; a PD_CHECK's exception aborts the process when thrown inside
+// a static-graph executor).
+#define FM3_CHECK_ARG(cond, msg)                                           \
+  do {                                                                     \
+    if (!(cond)) PADDLE_THROW(::common::errors::InvalidArgument("%s", msg)); \
+  } while (0)
 
 fm3_dtype to_fm3_dtype(paddle::DataType t) {
   switch (t) {
@@ -40,6 +52,26 @@ fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, con
   PD_CHECK(q.shape().size() == 4 && k.shape().size() == 4 && v.shape().size() == 4, "q, k, v must be 4-D");
   PD_CHECK(sri.dtype() == paddle::DataType::INT32 && sri.shape().size() == 4,
            "startend_row_indices must be int32 [B, H_mask, S_k, C]");
+  const auto &qs = q.shape(), &ks = k.shape(), &ss = sri.shape();
+  const int64_t B = qs[0], H = qs[2], D = qs[3], Sk = ks[1], Hk = ks[2];
+  for (int64_t d : {qs[0], qs[1], qs[2], qs[3], ks[2], ss[1], ss[3]})
+    FM3_CHECK_ARG(d >= 1 && d <= INT32_MAX, "q, k, v and startend_row_indices dimensions must be in [1, 2^31 - 1] "
+             "(seqlen_k may be 0)");
+  FM3_CHECK_ARG(Sk >= 0 && Sk <= INT32_MAX, "seqlen_k must be in [0, 2^31 - 1]");
+  FM3_CHECK_ARG(ks[0] == B && ks[3] == D && v.shape() == ks, "k and v must have shape [batch, seqlen_k, num_heads_k, head_dim] "
+           "with q's batch and head_dim");
+  FM3_CHECK_ARG(H % Hk == 0, "num_heads must be a multiple of num_heads_k");
+  FM3_CHECK_ARG(ss[0] == B && ss[2] == Sk, "startend_row_indices must have shape [batch, mask_heads, seqlen_k, C] with "
+           "q's batch and k's seqlen_k");
+  FM3_CHECK_ARG(ss[1] == 1 || ss[1] == Hk || ss[1] == H, "startend_row_indices.shape[1] must be 1, num_heads_k or num_heads");
+  FM3_CHECK_ARG(causal ? (ss[3] == 1 || ss[3] == 2) : (ss[3] == 2 || ss[3] == 4),
+           "startend_row_indices.shape[3] must be 1 or 2 with causal=True, 2 or 4 with causal=False");
+  if (block_mask) {
+    const auto& bs = block_mask->shape();
+    FM3_CHECK_ARG(block_mask->dtype() == paddle::DataType::INT32 && bs.size() == 4 && bs[0] == B && bs[1] == ss[1] &&
+                 bs[2] == (qs[1] + 127) / 128 && bs[3] == (Sk + 127) / 128,
+             "block_mask must be int32 [batch, mask_heads, ceil(seqlen_q / 128), ceil(seqlen_k / 128)]");
+  }
   fm3_fwd_params p{};
   p.q = q.data();
   p.k = k.data();
