@@ -40,6 +40,15 @@ CASES = [
     (dict(lse=t(B, H, 3, dtype=np.float32)), ValueError, r"lse must have shape \[1, 2, 64\]"),
     (dict(k=t(B, S, H, D, dtype=np.int8)), TypeError, "k must be float16 or bfloat16"),
     (dict(lse=t(B, H, S, dtype=np.float64)), TypeError, "lse must be float32"),
+    # zero kv heads: once a division by zero (SIGFPE) in the H % Hk check
+    (dict(k=t(B, S, 0, D), v=t(B, S, 0, D), dk=t(B, S, 0, D), dv=t(B, S, 0, D)), ValueError,
+     r"num_heads_k must be in \[1, 2\^31 - 1\], got 0"),
+    # a dimension past int32 (a stride-0 view): once narrowed silently to 128 for the C ABI
+    (dict(k=np.lib.stride_tricks.as_strided(t(1), (B, 2**32 + S, H, D), (0, 0, 0, 0)),
+          v=np.lib.stride_tricks.as_strided(t(1), (B, 2**32 + S, H, D), (0, 0, 0, 0)),
+          dk=np.lib.stride_tricks.as_strided(t(1), (B, 2**32 + S, H, D), (0, 0, 0, 0)),
+          dv=np.lib.stride_tricks.as_strided(t(1), (B, 2**32 + S, H, D), (0, 0, 0, 0))),
+     ValueError, r"seqlen_k must be in \[1, 2\^31 - 1\], got 4294967360"),
     ({}, ValueError, "q must be a CUDA tensor"),
 ]
 BWD_ONLY = [
@@ -61,3 +70,33 @@ def test_forward_argument_errors(kw, exc, match):
 def test_backward_argument_errors(kw, exc, match):
     with pytest.raises(exc, match=match):
         bwd(**kw)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(softmax_scale=float("inf")), ValueError, "softmax_scale must be a finite float32 > 0"),
+    (dict(softmax_scale=1e39), ValueError, "softmax_scale must be a finite float32 > 0"),
+    (dict(causal="False"), TypeError, "causal must be a bool"),
+    (dict(stream=2**64), TypeError, "stream must be a non-negative int"),
+])
+def test_python_entry_errors(kw, exc, match):
+    a = good()
+    with pytest.raises(exc, match=match):
+        kernels.flashmask_fwd(a["q"], a["k"], a["v"], None, a["out"], a["lse"], **{"causal": True, **kw})
+
+
+def test_head_dim_zero_is_a_value_error():
+    """Once a ZeroDivisionError from the default scale D ** -0.5."""
+    z = t(B, S, H, 0)
+    with pytest.raises(ValueError, match="head_dim must be >= 1"):
+        kernels.flashmask_fwd(z, z, z, None, z, t(B, H, S, dtype=np.float32), causal=True)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(block_n=0), ValueError, "block_n must be >= 1"),  # once a SIGFPE
+    (dict(seqlen_q=0), ValueError, "seqlen_q must be >= 1"),
+    (dict(causal="False"), TypeError, "causal must be a bool"),  # once read as True
+])
+def test_block_summary_errors(kw, exc, match):
+    sri, out = t(1, 1, S, 1, dtype=np.int32), t(1, 1, 1, 8, dtype=np.int32)
+    with pytest.raises(exc, match=match):
+        kernels.block_summary(sri, out, **{"causal": True, "seqlen_q": S, "block_n": 64, **kw})

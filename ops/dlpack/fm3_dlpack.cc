@@ -8,6 +8,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cfloat>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -181,6 +182,12 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
   for (size_t i = 0; i < grads.size(); ++i)
     expect_shape(*grads[i], like[i]->shape, i < 2 ? qlay : klay);
   expect_shape(lse, {B, H, Sq}, "[batch, num_heads, seqlen_q]");
+  // Before any arithmetic on them (H % Hk) and before they are narrowed to the C ABI's int.
+  const std::pair<const char*, int64_t> dims[] = {{"batch", B}, {"seqlen_q", Sq}, {"num_heads", H},
+                                                  {"head_dim", D}, {"seqlen_k", Sk}, {"num_heads_k", Hk}};
+  for (const auto& [dim, n] : dims)
+    if (n < 1 || n > INT32_MAX)
+      throw py::value_error(std::string("q, k, v: ") + dim + " must be in [1, 2^31 - 1], got " + std::to_string(n));
   std::vector<const View*> same_dtype = {&k, &v, &out}, gpu = {&q, &k, &v, &out, &lse}, unit = {&q, &k, &v, &out};
   for (const View* g : grads) same_dtype.push_back(g), gpu.push_back(g), unit.push_back(g);
   const fm3_dtype dt = float_dtype(q);
@@ -199,7 +206,8 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
     throw py::value_error("num_heads (" + std::to_string(H) + ") must be a multiple of num_heads_k (" + std::to_string(Hk) + ")");
   if (block_n_of(static_cast<int>(D)) == 0)
     throw py::value_error("head_dim " + std::to_string(D) + " has no sm90 " + kind + "kernel (see yaml/kernel_configs.yaml)");
-  if (!(softmax_scale > 0)) throw py::value_error("softmax_scale must be > 0");
+  if (!(softmax_scale > 0 && softmax_scale <= FLT_MAX))
+    throw py::value_error("softmax_scale must be a finite float32 > 0, got " + std::to_string(softmax_scale));
 
   fm3_fwd_params& p = c.p;
   p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = out.data();
@@ -218,6 +226,7 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
   p.mask_cols = 0;
 
   int64_t Hm = -1;
+  View sri_view;
   if (!sri_.is_none()) {
     View s = view("startend_row_indices", sri_);
     expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
@@ -231,21 +240,32 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
     if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
       throw py::value_error(std::string("startend_row_indices.shape[3] must be ") + (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") +
                             ", got " + std::to_string(C));
-    stage_mask(s, c.sri, stream);
-    p.startend_row_indices = c.sri.ptr;
+    expect_int32(s);
+    if (!s.contiguous()) throw py::value_error("startend_row_indices must be contiguous");
+    sri_view = std::move(s);
     p.mask_heads = static_cast<int>(Hm);
     p.mask_cols = static_cast<int>(C);
   }
+  View bmv;
   if (!block_mask_.is_none()) {
-    View bmv = view("block_mask", block_mask_);
+    bmv = view("block_mask", block_mask_);
     expect_ndim(bmv, 4, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
     const int64_t want_h = Hm > 0 ? Hm : bmv.shape[1];
     if (Hm < 0 && want_h != 1 && want_h != Hk && want_h != H)
       throw py::value_error("block_mask.shape[1] must be 1, num_heads_k or num_heads");
     expect_shape(bmv, {B, want_h, (Sq + 127) / 128, (Sk + 127) / 128}, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
+    expect_int32(bmv);
+    if (!bmv.contiguous()) throw py::value_error("block_mask must be contiguous");
+    p.mask_heads = static_cast<int>(want_h);
+  }
+  // Every argument is checked: now the (possibly host-resident) masks go to the device.
+  if (sri_view.t) {
+    stage_mask(sri_view, c.sri, stream);
+    p.startend_row_indices = c.sri.ptr;
+  }
+  if (bmv.t) {
     stage_mask(bmv, c.bm, stream);
     p.block_mask = c.bm.ptr;
-    p.mask_heads = static_cast<int>(want_h);
   }
 }
 
@@ -285,6 +305,11 @@ void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, 
   expect_int32(s);
   expect_int32(o);
   if (!s.contiguous() || !o.contiguous()) throw py::value_error("startend_row_indices and out must be contiguous");
+  if (block_n < 1) throw py::value_error("block_n must be >= 1, got " + std::to_string(block_n));
+  if (seqlen_q < 1) throw py::value_error("seqlen_q must be >= 1, got " + std::to_string(seqlen_q));
+  for (int d = 0; d < 4; ++d)
+    if (s.shape[d] < 1 || s.shape[d] > INT32_MAX)
+      throw py::value_error("startend_row_indices dimensions must be in [1, 2^31 - 1], got " + s.shape_str());
   const int64_t nb = (s.shape[2] + block_n - 1) / block_n;
   expect_shape(o, {s.shape[0], s.shape[1], nb, 8}, "[batch, mask_heads, ceil(seqlen_k/block_n), 8]");
   char err[1024] = {0};

@@ -64,28 +64,33 @@ def _shape(name, x):
 def _common_args(q, k, startend_row_indices, causal, softmax_scale, window_size, stream):
     """Checks shared by the forward and backward entries; returns (startend_row_indices, scale),
     the window converted to startend_row_indices as Paddle does."""
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or stream < 0:
-        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
+    from .. import masks  # numpy only: no Paddle needed
+
+    causal = masks._check_bool("causal", causal)
+    _check_stream(stream)
     qs, ks = _shape("q", q), _shape("k", k)
     if len(qs) != 4:
         raise ValueError(f"q must be 4-D [batch, seqlen_q, num_heads, head_dim], got shape {list(qs)}")
+    if qs[3] < 1:
+        raise ValueError(f"q: head_dim must be >= 1, got {qs[3]}")
     if softmax_scale is None:
         softmax_scale = qs[3] ** -0.5
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
-    if not softmax_scale > 0:
-        raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}")
+    if not 0 < softmax_scale <= float(np.finfo(np.float32).max):
+        raise ValueError(f"softmax_scale must be a finite float32 > 0, got {softmax_scale}")
     if window_size is not None:
         if startend_row_indices is not None:
             raise ValueError("pass either startend_row_indices or window_size, not both")
-        from .. import masks  # numpy only
-
         if len(ks) != 4:
             raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
         startend_row_indices = masks.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
-    return startend_row_indices, float(softmax_scale)
+    return startend_row_indices, causal, float(softmax_scale)
+
+
+def _check_stream(stream) -> None:
+    if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or not 0 <= stream < 2**64:
+        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
 
 
 def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
@@ -116,7 +121,7 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
         ValueError: shapes, strides, devices, head_dim or scale out of contract.
         RuntimeError: a CUDA error from the kernel launch.
     """
-    startend_row_indices, softmax_scale = _common_args(q, k, startend_row_indices, causal, softmax_scale,
+    startend_row_indices, causal, softmax_scale = _common_args(q, k, startend_row_indices, causal, softmax_scale,
                                                        window_size, stream)
     _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, causal, softmax_scale, int(stream))
 
@@ -134,8 +139,9 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
     Column-parallel FlashAttention-2 backward (Dao, 2023, Alg. 2) with FlashMask block skipping
     (Wang et al., arXiv:2410.01359, section 4.2): fully masked (query tile, key block) pairs are
     never loaded, partial ones are masked per element, dK/dV accumulate on chip (summed over the
-    query heads of a GQA group), dQ in fp32 through atomics (or, with ``deterministic=True``, in a
-    row-parallel pass without atomics, bitwise repeatable).
+    query heads of a GQA group), dQ accumulates in fp32 by bulk reductions into a workspace (the
+    FlashAttention-3 backward, Shah et al., 2024; or, with ``deterministic=True``, in a row-parallel
+    pass without atomics, bitwise repeatable).
 
     Args:
         q, k, v, startend_row_indices, causal, softmax_scale, window_size, block_mask, stream: as
@@ -153,11 +159,12 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
         ValueError: shapes, strides, devices, head_dim or scale out of contract.
         RuntimeError: a CUDA error from the kernel launch.
     """
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    from .. import masks  # numpy only: no Paddle needed
+
+    deterministic = masks._check_bool("deterministic", deterministic)
     for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _shape(name, x)
-    startend_row_indices, softmax_scale = _common_args(q, k, startend_row_indices, causal, softmax_scale,
+    startend_row_indices, causal, softmax_scale = _common_args(q, k, startend_row_indices, causal, softmax_scale,
                                                        window_size, stream)
     _ext().bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, causal,
                softmax_scale, deterministic, int(stream))
@@ -170,7 +177,13 @@ def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, blo
     ``out``: int32 CUDA ``[B, H_mask, ceil(S_k/block_n), 8]`` in the order lts_min, lts_max,
     lte_min, lte_max, uts_min, uts_max, ute_min, ute_max (``fm3::BlockSummary``, mask.h).
     """
-    _ext().block_summary(startend_row_indices, out, bool(causal), int(seqlen_q), int(block_n), int(stream))
+    from .. import masks  # numpy only: no Paddle needed
+
+    causal = masks._check_bool("causal", causal)
+    seqlen_q = masks._check_int("seqlen_q", seqlen_q, lo=1, hi=2**31 - 1)
+    block_n = masks._check_int("block_n", block_n, lo=1, hi=2**31 - 1)
+    _check_stream(stream)
+    _ext().block_summary(startend_row_indices, out, causal, seqlen_q, block_n, int(stream))
 
 
 def segment_workload(startend_row_indices, segment_size: int, tile: int, causal: bool):
