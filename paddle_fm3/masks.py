@@ -76,10 +76,21 @@ class FlashMask(NamedTuple):
     causal: bool
 
     def to_paddle(self):
-        """Return ``startend_row_indices`` as a Paddle int32 tensor (imports paddle lazily)."""
+        """Return ``startend_row_indices`` as a Paddle int32 tensor (imports paddle lazily).
+
+        Raises:
+            TypeError: a non-integer array (a float would be truncated).
+            ValueError: a value outside int32 (it would wrap). The attention op checks the rest.
+        """
         import paddle  # noqa: PLC0415 - deliberately lazy
 
-        arr = np.ascontiguousarray(self.startend_row_indices, dtype=np.int32)
+        arr = np.asarray(self.startend_row_indices)
+        if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"startend_row_indices must be an integer array, got dtype {arr.dtype}")
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > MAX_SEQLEN):
+            raise ValueError(f"startend_row_indices values must be in [0, {MAX_SEQLEN}] (int32 row indices), "
+                             f"got min {int(arr.min())}, max {int(arr.max())}")
+        arr = np.ascontiguousarray(arr, dtype=np.int32)
         return paddle.to_tensor(arr, dtype="int32")
 
     def to_dense(self, seqlen_q: Optional[int] = None) -> np.ndarray:
@@ -312,6 +323,9 @@ def _normalize_share_question(docs, seqlen, batch) -> List[List[Tuple[int, List[
                 raise ValueError(f"docs[{bi}] has total length {t} but seqlen={seqlen}; they must be equal")
     elif len(set(totals)) != 1:
         raise ValueError(f"all rows of docs must have the same total length, got {sorted(set(totals))}")
+    if max(totals) > MAX_SEQLEN:
+        raise ValueError(f"docs has total length {max(totals)}; sequences longer than {MAX_SEQLEN} do not fit "
+                         "int32 indices")
     return _rows_for_batch(out_rows, batch, "docs")
 
 

@@ -160,6 +160,11 @@ def main(argv=None) -> int:
     bad = [n for n in names if n not in masks.FAMILIES]
     if bad:
         p.error(f"unknown families {bad}; choose from {list(masks.FAMILIES)}")
+    for name in ("seq_len", "batch", "heads", "head_dim", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.warmup < 0 or args.threads < 0:
+        p.error("--warmup and --threads must be >= 0")
 
     paddle.set_device("cpu")
     if args.threads > 0 and hasattr(paddle.base.core, "set_num_threads"):

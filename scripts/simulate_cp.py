@@ -158,6 +158,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "cp_simulation"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    known = ["doc_packed_16k"] + sorted(masks.FAMILIES)
+    if any(f not in known for f in args.families):
+        ap.error(f"unknown families {[f for f in args.families if f not in known]}; choose from {known}")
+    if min(args.seqlens) < 1 or min(args.ranks) < 1:
+        ap.error("--seqlens and --ranks must be >= 1")
     rows = []
     block_pairs(masks.causal(1024).startend_row_indices, True, 1024, 128)  # warm up the op
     for s in args.seqlens:

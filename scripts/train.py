@@ -408,15 +408,21 @@ def parse_args(argv=None):
                    help="--check tolerance: max|ours-dense| / max|dense| per tensor (default 1e-5, fp32)")
     g.add_argument("--no-progress", action="store_true", help="no tqdm bar (for logs)")
     args = p.parse_args(argv)
+    for name in ("seq_len", "batch_size", "steps", "answer_len", "d_model", "n_heads", "n_layers"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.d_model % args.n_heads:
         p.error("--d-model must be divisible by --n-heads")
+    if args.eval_rows < 0 or args.threads < 0:
+        p.error("--eval-rows and --threads must be >= 0")
+    if not (math.isfinite(args.check_rtol) and args.check_rtol > 0):
+        p.error("--check-rtol must be a finite number > 0")
+    if not (math.isfinite(args.lr) and args.lr > 0) or not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        p.error("--lr must be a finite number > 0 and --weight-decay a finite number >= 0")
     if not 0.0 <= args.question_frac <= 1.0 or not 0.0 <= args.prefix_frac <= 1.0:
         p.error("--question-frac and --prefix-frac must be in [0, 1]")
     if args.warmup < 0 or args.max_doc_len < 0:
         p.error("--warmup and --max-doc-len must be >= 0")
-    for name in ("seq_len", "batch_size", "steps", "answer_len"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
 
 

@@ -145,3 +145,36 @@ def test_cp_plan_argument_errors():
 def test_mask_builders_reject_sequences_beyond_int32():
     with pytest.raises(ValueError, match="int32"):
         masks.causal_document([2**31, 1])
+
+
+def test_flashmask_to_paddle_does_not_wrap_or_truncate():
+    with pytest.raises(ValueError, match="int32"):
+        masks.FlashMask(np.full((1, 1, 8, 1), 2**32 + 3, np.int64), True).to_paddle()  # once became 3
+    with pytest.raises(TypeError, match="integer"):
+        masks.FlashMask(np.full((1, 1, 8, 1), 5.7), True).to_paddle()  # once became 5
+
+
+def test_share_question_rejects_lengths_beyond_int32():
+    with pytest.raises(ValueError, match="int32"):  # once a 2^31-element allocation (OOM kill)
+        masks.share_question([(2**31, [1])])
+
+
+@pytest.mark.parametrize("segments,segment_size,exc,match", [
+    ([0, 1], -5, ValueError, "segment_size must be >= 1"),  # once negative local rows
+    ([0, 1], 0, ValueError, "segment_size must be >= 1"),  # once all zeros
+    ([0, 1], 2.5, TypeError, "segment_size must be an integer"),
+    ([0, 9], 4, ValueError, "segments must be < 4"),
+    ([1, 0], 4, ValueError, "strictly ascending"),
+])
+def test_localize_argument_errors(segments, segment_size, exc, match):
+    m = masks.causal_document([6, 10])
+    with pytest.raises(exc, match=match):
+        fm3dist.localize(m.startend_row_indices, True, segments, segment_size)
+
+
+def test_localize_validates_the_mask():
+    m = masks.causal_document([6, 10])
+    with pytest.raises(ValueError, match="values must be query-row indices"):  # once clipped silently
+        fm3dist.localize(m.startend_row_indices * 5, True, [0, 1], 4)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        fm3dist.localize(m.startend_row_indices, 1, [0, 1], 4)

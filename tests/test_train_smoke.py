@@ -96,3 +96,16 @@ def test_pack_labels_never_cross_segments():
         assert not vis[b, 0, s, s + 1].any(), mode  # no labelled position sees its own target
         assert (d.labels[b, s] == d.tokens[b, s + 1]).all(), mode
         assert vis[:, 0].any(axis=-1).all(), mode  # no fully masked query row
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--n-heads", "0"], "--n-heads must be >= 1"),  # once a ZeroDivisionError
+    (["--n-layers", "0"], "--n-layers must be >= 1"),  # once trained a model without blocks
+    (["--eval-rows", "-50"], "--eval-rows and --threads must be >= 0"),  # once an IndexError mid-run
+    (["--check-rtol", "nan"], "--check-rtol must be a finite number > 0"),  # once a check that passed anything
+])
+def test_bad_arguments_are_argparse_errors(args, msg, capsys):
+    train = _load_train()
+    with pytest.raises(SystemExit):
+        train.parse_args(args)
+    assert msg in capsys.readouterr().err

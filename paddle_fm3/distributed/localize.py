@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import masks
+
 __all__ = ["explicit_four_column", "local_row_bound", "localize"]
 
 
@@ -34,13 +36,11 @@ def explicit_four_column(startend_row_indices, causal: bool) -> np.ndarray:
         int64 ``[B, H_mask, S, 4]``; for causal masks ``UTS = 0, UTE[j] = j``.
 
     Raises:
-        ValueError: wrong rank or C.
+        TypeError / ValueError: as :func:`paddle_fm3.masks.validate_startend_row_indices` (not an
+            integer array, wrong rank or C, values outside ``[0, S]``, LTS > LTE, non-bool causal).
     """
-    a = np.asarray(startend_row_indices)
-    if a.ndim != 4:
-        raise ValueError(f"startend_row_indices must be 4-D [B, H_mask, S, C], got shape {a.shape}")
+    a, _ = masks.validate_startend_row_indices(startend_row_indices, causal)
     b, h, s, c = a.shape
-    a = a.astype(np.int64, copy=False)
     out = np.empty((b, h, s, 4), dtype=np.int64)
     if causal:
         if c not in (1, 2):
@@ -74,10 +74,19 @@ def local_row_bound(r, segments, segment_size: int) -> np.ndarray:
 
     Returns:
         int64 array shaped like ``r`` with values in ``[0, len(segments) * C]``.
+
+    Raises:
+        TypeError / ValueError: ``segment_size`` not an int >= 1; ``segments`` not a non-empty,
+            1-D, strictly ascending list of integer indices >= 0.
     """
-    segs = np.asarray(segments, dtype=np.int64)
-    if segs.ndim != 1 or (segs.size > 1 and np.any(np.diff(segs) <= 0)):
-        raise ValueError("segments must be a 1-D strictly ascending list of segment indices")
+    segment_size = masks._check_int("segment_size", segment_size, lo=1)
+    segs = np.asarray(segments)
+    if segs.dtype == np.bool_ or not np.issubdtype(segs.dtype, np.integer):
+        raise TypeError(f"segments must be integer segment indices, got dtype {segs.dtype}")
+    segs = segs.astype(np.int64)
+    if segs.ndim != 1 or segs.size == 0 or segs[0] < 0 or np.any(np.diff(segs) <= 0):
+        raise ValueError("segments must be a non-empty 1-D strictly ascending list of segment indices >= 0, "
+                         f"got {segments!r}")
     r = np.asarray(r, dtype=np.int64)
     starts = segs * segment_size
     b = np.searchsorted(starts, r, side="left") - 1  # last segment with start < r
@@ -100,6 +109,17 @@ def localize(startend_row_indices, causal: bool, segments, segment_size: int) ->
         are **local** query rows in ``[0, len(segments) * segment_size]``. Local row ``b*C + t`` is
         global row ``segments[b]*C + t``, and
         ``to_dense(result, False, L) == to_dense(global, causal)[:, :, rows_of_rank, :]``.
+
+    Raises:
+        TypeError / ValueError: a bad mask (as :func:`explicit_four_column`) or bad ``segments`` /
+            ``segment_size`` (as :func:`local_row_bound`), or segments past the end of the sequence.
     """
     four = explicit_four_column(startend_row_indices, causal)
+    s = four.shape[2]
+    segment_size = masks._check_int("segment_size", segment_size, lo=1, hi=s)
+    if s % segment_size:
+        raise ValueError(f"segment_size ({segment_size}) must divide the sequence length {s}")
+    segs = np.asarray(segments)
+    if segs.size and segs.ndim == 1 and np.issubdtype(segs.dtype, np.integer) and segs.max() >= s // segment_size:
+        raise ValueError(f"segments must be < {s // segment_size} (the number of segments), got {segments!r}")
     return local_row_bound(four, segments, segment_size).astype(np.int32)
