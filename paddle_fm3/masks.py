@@ -137,7 +137,7 @@ def _is_int(x) -> bool:
 
 
 def _is_seq(x) -> bool:
-    return isinstance(x, (list, tuple, np.ndarray))
+    return isinstance(x, (list, tuple)) or (isinstance(x, np.ndarray) and x.ndim >= 1)
 
 
 def _rows_for_batch(rows: list, batch: int, name: str) -> list:
@@ -248,7 +248,7 @@ def sliding_window(seqlen: int, window: int, *, batch: int = 1, num_heads: int =
         not an integer >= 1.
     """
     s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
-    w = _check_int("window", window, lo=0)
+    w = min(_check_int("window", window, lo=0), s)  # a window past the sequence is the whole causal past
     batch, num_heads = _check_batch_heads(batch, num_heads)
     lts = np.minimum(np.arange(s, dtype=np.int64) + w + 1, s)
     return _finish(np.broadcast_to(lts[None, :, None], (batch, s, 1)), num_heads, True)
@@ -381,7 +381,7 @@ def global_sliding_window(seqlen: int, global_tokens: int, window: int, *,
     """
     s = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
     g = _check_int("global_tokens", global_tokens, lo=0, hi=s)
-    w = _check_int("window", window, lo=0)
+    w = min(_check_int("window", window, lo=0), s)  # a window past the sequence covers it all
     batch, num_heads = _check_batch_heads(batch, num_heads)
     j = np.arange(s, dtype=np.int64)
     lts = np.minimum(j + w + 1, s)
@@ -842,6 +842,8 @@ def density(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None) 
     """
     arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q, check_order=False)
     b, h, sk, c = arr.shape
+    if b * h == 0:
+        raise ValueError(f"density of an empty mask (batch {b}, mask heads {h}) is undefined")
     if causal:
         c0 = _causal_first_row(sq, sk)[None, None, :]
         allowed = sq - c0
@@ -934,20 +936,33 @@ def _family_random_eviction(s, rng, **kw):
     return random_eviction(s, seed=int(rng.integers(0, 2**31)), **kw)
 
 
+def _family(fn: Callable[..., FlashMask]) -> Callable[..., FlashMask]:
+    """Checks the arguments every family instance takes, then builds it."""
+    def build(seqlen, rng, *, batch=1, num_heads=1) -> FlashMask:
+        seqlen = _check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        batch, num_heads = _check_batch_heads(batch, num_heads)
+        return fn(seqlen, rng, batch=batch, num_heads=num_heads)
+    build.__name__ = build.__qualname__ = fn.__name__.lstrip("_")
+    build.__doc__ = fn.__doc__
+    return build
+
+
 #: name -> ``callable(seqlen, rng, *, batch=1, num_heads=1) -> FlashMask``: a representative,
 #: randomized instance of each of the 12 mask families of the FlashMask paper / Paddle docs, valid
 #: for any ``seqlen >= 1``. Document-based families draw different document lengths per batch row.
 FAMILIES: Dict[str, Callable[..., FlashMask]] = {
-    "full": _family_full,
-    "causal": _family_causal,
-    "sliding_window": _family_sliding_window,
-    "causal_document": _family_causal_document,
-    "document": _family_document,
-    "share_question": _family_share_question,
-    "global_sliding_window": _family_global_sliding_window,
-    "causal_blockwise": _family_causal_blockwise,
-    "prefix_lm_causal": _family_prefix_lm_causal,
-    "prefix_lm_document": _family_prefix_lm_document,
-    "qk_sparse": _family_qk_sparse,
-    "random_eviction": _family_random_eviction,
+    "full": _family(_family_full),
+    "causal": _family(_family_causal),
+    "sliding_window": _family(_family_sliding_window),
+    "causal_document": _family(_family_causal_document),
+    "document": _family(_family_document),
+    "share_question": _family(_family_share_question),
+    "global_sliding_window": _family(_family_global_sliding_window),
+    "causal_blockwise": _family(_family_causal_blockwise),
+    "prefix_lm_causal": _family(_family_prefix_lm_causal),
+    "prefix_lm_document": _family(_family_prefix_lm_document),
+    "qk_sparse": _family(_family_qk_sparse),
+    "random_eviction": _family(_family_random_eviction),
 }

@@ -178,3 +178,32 @@ def test_localize_validates_the_mask():
         fm3dist.localize(m.startend_row_indices * 5, True, [0, 1], 4)
     with pytest.raises(TypeError, match="causal must be a bool"):
         fm3dist.localize(m.startend_row_indices, 1, [0, 1], 4)
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: masks.FAMILIES["document"](0, np.random.default_rng(0)), ValueError, "seqlen must be >= 1"),
+    (lambda: masks.FAMILIES["document"](10, None), TypeError, "rng must be a numpy.random.Generator"),
+    (lambda: masks.FAMILIES["share_question"](10, np.random.default_rng(0), batch=0), ValueError, "batch"),
+    (lambda: masks.density(np.zeros((0, 1, 4, 1), np.int32), True), ValueError, "empty mask"),
+    (lambda: masks.window_to_startend(np.array(3), 10), TypeError, "window_size must be an int"),
+    (lambda: fm3dist.hcc_ipo(np.arange(4), 2.0), TypeError, "num_ranks must be an integer"),
+    (lambda: fm3dist.hcc_ipo(np.arange(4), 2, rel_tol=float("nan")), ValueError, "rel_tol"),
+])
+def test_small_argument_errors(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_window_past_the_sequence_is_the_whole_sequence():
+    """Once an OverflowError at 2**63."""
+    np.testing.assert_array_equal(masks.sliding_window(10, 2**63).startend_row_indices,
+                                  masks.sliding_window(10, 10).startend_row_indices)
+    np.testing.assert_array_equal(masks.global_sliding_window(10, 1, 2**63).startend_row_indices,
+                                  masks.global_sliding_window(10, 1, 10).startend_row_indices)
+
+
+@pytest.mark.timeout(60)
+def test_hcc_ipo_many_ranks_is_fast():
+    """One segment per rank at P = 4096 once took 41 s (the three-way step tried every pair of ranks)."""
+    w = np.random.default_rng(0).integers(0, 1000, 4096)
+    assert sorted(fm3dist.hcc_ipo(w, 4096).ravel().tolist()) == list(range(4096))

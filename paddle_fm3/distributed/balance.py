@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+import numbers
 
 import numpy as np
 
@@ -106,7 +108,7 @@ def _three_way(w: list):
 
 
 def hcc_ipo(weights, num_ranks: int, *, exact_limit: int = 1 << 12, three_way_max_m: int = 3,
-            max_moves: int = 10000, rel_tol: float = 1e-3) -> np.ndarray:
+            three_way_candidates: int = 64, max_moves: int = 10000, rel_tol: float = 1e-3) -> np.ndarray:
     """Assign ``n`` weighted segments to ``num_ranks`` ranks, ``n/num_ranks`` each, min-max load.
 
     Args:
@@ -114,6 +116,8 @@ def hcc_ipo(weights, num_ranks: int, *, exact_limit: int = 1 << 12, three_way_ma
         num_ranks: P.
         exact_limit: pair totals up to this are partitioned exactly (see module doc).
         three_way_max_m: run the three-way step when ``n/P`` is at most this.
+        three_way_candidates: the three-way step tries pairs among this many lightest other ranks
+            (all pairs of all ranks cost O(P^2) per move: minutes at P in the thousands).
         max_moves: safety cap on improvement moves.
         rel_tol: also stop once the heaviest load is within ``rel_tol`` of the lower bound
             ``ceil(total / P)`` (improvements below that are noise for the kernel time; 0 runs to
@@ -123,8 +127,16 @@ def hcc_ipo(weights, num_ranks: int, *, exact_limit: int = 1 << 12, three_way_ma
         int64 ``[P, n/P]``: the segments of each rank, ascending within a rank. Deterministic.
 
     Raises:
-        ValueError: bad sizes or negative weights.
+        TypeError: ``num_ranks`` not an int, ``rel_tol`` not a number.
+        ValueError: bad sizes, negative weights, ``rel_tol`` negative or not finite.
     """
+    from .. import masks  # noqa: PLC0415 - numpy only
+
+    num_ranks = masks._check_int("num_ranks", num_ranks, lo=1)
+    if isinstance(rel_tol, bool) or not isinstance(rel_tol, numbers.Real):
+        raise TypeError(f"rel_tol must be a number, got {type(rel_tol).__name__}")
+    if not (math.isfinite(rel_tol) and rel_tol >= 0):
+        raise ValueError(f"rel_tol must be a finite number >= 0, got {rel_tol}")
     w = np.asarray(weights)
     if w.ndim != 1 or not np.issubdtype(w.dtype, np.integer):
         raise ValueError(f"weights must be a 1-D integer array, got dtype {w.dtype} shape {w.shape}")
@@ -160,7 +172,7 @@ def hcc_ipo(weights, num_ranks: int, *, exact_limit: int = 1 << 12, three_way_ma
                     break
             if not improved and m <= three_way_max_m and num_ranks >= 3:
                 others = sorted((r for r in range(num_ranks) if r != h), key=lambda r: (loads[r], r))
-                for p1, p2 in itertools.combinations(others, 2):
+                for p1, p2 in itertools.combinations(others[:three_way_candidates], 2):
                     items = groups[h] + groups[p1] + groups[p2]
                     mx, (a, b, c) = _three_way([wl[i] for i in items])
                     if mx < loads[h]:
