@@ -207,3 +207,13 @@ def test_hcc_ipo_many_ranks_is_fast():
     """One segment per rank at P = 4096 once took 41 s (the three-way step tried every pair of ranks)."""
     w = np.random.default_rng(0).integers(0, 1000, 4096)
     assert sorted(fm3dist.hcc_ipo(w, 4096).ravel().tolist()) == list(range(4096))
+
+
+def test_cp_planning_rejects_empty_masks():
+    """Once an OSError from the C++ op (batch 0) and 'segment_size must be <= 0' (seqlen 0)."""
+    from paddle_fm3.kernels import check_segment_sizes
+
+    with pytest.raises(ValueError, match="batch and mask heads >= 1"):
+        fm3dist.build_layout(np.zeros((0, 1, 256, 1), np.int32), True, 2)
+    with pytest.raises(ValueError, match="seqlen must be >= 1"):
+        check_segment_sizes(0, 1, 1)

@@ -48,6 +48,8 @@ def _check_mask(startend_row_indices, causal) -> np.ndarray:
     if hasattr(sri, "numpy") and not isinstance(sri, np.ndarray):
         sri = sri.numpy()
     arr, _ = _masks.validate_startend_row_indices(sri, bool(causal))
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"startend_row_indices must have batch and mask heads >= 1, got shape {arr.shape}")
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 

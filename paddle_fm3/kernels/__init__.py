@@ -227,6 +227,7 @@ def check_segment_sizes(seqlen: int, segment_size, tile):
     """
     from .. import masks  # noqa: PLC0415
 
+    seqlen = masks._check_int("seqlen", seqlen, lo=1, hi=masks.MAX_SEQLEN)
     segment_size = masks._check_int("segment_size", segment_size, lo=1, hi=seqlen)
     tile = masks._check_int("tile", tile, lo=1)
     if seqlen % segment_size:
