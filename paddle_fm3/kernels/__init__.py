@@ -62,8 +62,8 @@ def _shape(name, x):
 
 
 def _common_args(q, k, startend_row_indices, causal, softmax_scale, window_size, stream):
-    """Checks shared by the forward and backward entries; returns (startend_row_indices, scale),
-    the window converted to startend_row_indices as Paddle does."""
+    """Checks shared by the forward and backward entries; returns (startend_row_indices, causal,
+    scale), the window converted to startend_row_indices as Paddle does."""
     from .. import masks  # numpy only: no Paddle needed
 
     causal = masks._check_bool("causal", causal)
@@ -121,8 +121,8 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
         ValueError: shapes, strides, devices, head_dim or scale out of contract.
         RuntimeError: a CUDA error from the kernel launch.
     """
-    startend_row_indices, causal, softmax_scale = _common_args(q, k, startend_row_indices, causal, softmax_scale,
-                                                       window_size, stream)
+    startend_row_indices, causal, softmax_scale = _common_args(
+        q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
     _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, causal, softmax_scale, int(stream))
 
 
@@ -164,8 +164,8 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
     deterministic = masks._check_bool("deterministic", deterministic)
     for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _shape(name, x)
-    startend_row_indices, causal, softmax_scale = _common_args(q, k, startend_row_indices, causal, softmax_scale,
-                                                       window_size, stream)
+    startend_row_indices, causal, softmax_scale = _common_args(
+        q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
     _ext().bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, causal,
                softmax_scale, deterministic, int(stream))
 
