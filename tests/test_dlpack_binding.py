@@ -100,3 +100,11 @@ def test_block_summary_errors(kw, exc, match):
     sri, out = t(1, 1, S, 1, dtype=np.int32), t(1, 1, 1, 8, dtype=np.int32)
     with pytest.raises(exc, match=match):
         kernels.block_summary(sri, out, **{"causal": True, "seqlen_q": S, "block_n": 64, **kw})
+
+
+def test_block_n_queries():
+    assert kernels.block_n(128) > 0 and kernels.bwd_block_n(128) > 0 and kernels.block_n(7) == 0
+    with pytest.raises(ValueError, match="head_dim must be <= 2147483647"):  # once a pybind11 TypeError
+        kernels.block_n(2**40)
+    with pytest.raises(TypeError, match="head_dim must be an integer"):
+        kernels.bwd_block_n(1.5)

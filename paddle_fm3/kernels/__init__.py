@@ -51,7 +51,13 @@ def available() -> bool:
 
 def block_n(head_dim: int) -> int:
     """Key-block width (columns) the forward kernel uses for ``head_dim``; 0 if unsupported."""
-    return int(_ext().block_n(int(head_dim)))
+    return int(_ext().block_n(_head_dim(head_dim)))
+
+
+def _head_dim(head_dim) -> int:
+    from .. import masks  # numpy only: no Paddle needed
+
+    return masks._check_int("head_dim", head_dim, lo=0, hi=2**31 - 1)
 
 
 def _shape(name, x):
@@ -128,7 +134,7 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
 
 def bwd_block_n(head_dim: int) -> int:
     """Key-block width (columns per CTA) of the backward kernel for ``head_dim``; 0 if unsupported."""
-    return int(_ext().bwd_block_n(int(head_dim)))
+    return int(_ext().bwd_block_n(_head_dim(head_dim)))
 
 
 def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,
