@@ -102,6 +102,7 @@ struct BwdWgTraits {
   static constexpr int kOffBar = kOffdQ + 2 * kDqChunkFloats * 4;
   static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3 + 2 * kDsBuffers);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
 };
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kWriteDq>

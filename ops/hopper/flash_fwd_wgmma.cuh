@@ -91,6 +91,7 @@ struct WgTraits {
   static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 4);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
   static_assert(kStages <= 16, "entry slots");
+  static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
 };
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
