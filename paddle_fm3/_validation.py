@@ -64,6 +64,9 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
     b, sq, h = q.shape[0], q.shape[1], q.shape[2]
     sk, hk = k.shape[1], k.shape[2]
     bm, hm, skm, c = sri.shape
+    if not (_known(hm) and _known(c)):
+        raise ValueError("startend_row_indices.shape[1] (mask heads) and shape[3] (C) must be static (known) "
+                         f"dims, got shape {list(sri.shape)}")
     if _known(b) and _known(bm) and bm != b:
         raise ValueError(f"startend_row_indices.shape[0] must equal batch size {b}, got {bm}")
     if hm not in (1, hk, h):

@@ -101,6 +101,10 @@ def flashmask_attention(
             raise ValueError("window_size cannot be combined with startend_row_indices; encode the window "
                              "in startend_row_indices (paddle_fm3.masks.sliding_window) instead")
         window = V.normalize_window_size(window_size)
+        if not all(V._known(d) for d in (batch, seqlen_q, seqlen_k)):  # noqa: SLF001
+            raise ValueError("window_size needs static batch and sequence lengths (the mask is built on the "
+                             "host); in a static graph with unknown dims pass startend_row_indices instead "
+                             "(paddle_fm3.masks.sliding_window / window_to_startend)")
         startend_row_indices = paddle.to_tensor(
             masks.window_to_startend(window, seqlen_q, seqlen_k, batch, causal), place=query.place)
     if block_mask is not None and startend_row_indices is None:

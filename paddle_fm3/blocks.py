@@ -40,8 +40,8 @@ def block_classify(startend_row_indices, *, causal: bool, seqlen_q: int, block_m
         outside ``[0, seqlen_q]``, LTS > LTE, UTS > UTE) or a malformed ``block_mask``.
     """
     for name, val in (("seqlen_q", seqlen_q), ("block_m", block_m), ("block_n", block_n)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
-            raise ValueError(f"{name} must be a positive int, got {val!r}")
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or not 1 <= val <= masks.MAX_SEQLEN:
+            raise ValueError(f"{name} must be an int in [1, 2^31 - 1], got {val!r}")
     sri = startend_row_indices
     arr = sri.numpy() if isinstance(sri, paddle.Tensor) else np.asarray(sri)
     if isinstance(sri, paddle.Tensor) and sri.dtype != paddle.int32:

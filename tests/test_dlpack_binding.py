@@ -1,6 +1,9 @@
 """The DLPack binding's argument checks (ops/dlpack/fm3_dlpack.cc), on CPU: every check before the
-device check runs on numpy arrays, so CI (which builds the module, no GPU) guards the error each
-bad argument gets in the forward and the backward entry. The kernels themselves: tests/gpu."""
+device check runs on numpy arrays, and the later ones on numpy arrays whose capsule claims CUDA
+(CudaTagged), so CI (which builds the module, no GPU) guards the error each bad argument gets in
+the forward and the backward entry. The kernels themselves: tests/gpu."""
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -108,3 +111,45 @@ def test_block_n_queries():
         kernels.block_n(2**40)
     with pytest.raises(TypeError, match="head_dim must be an integer"):
         kernels.bwd_block_n(1.5)
+
+
+class CudaTagged:
+    """A numpy array whose DLPack capsule claims device CUDA, to reach the checks that run after the
+    device check (nothing is ever launched: every case below fails before any CUDA call)."""
+
+    class _DLDevice(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+    def __init__(self, arr):
+        self.arr, self.shape = arr, arr.shape
+
+    def __dlpack__(self, *args, **kwargs):
+        cap = self.arr.__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        # DLTensor: void* data, then DLDevice {int32 device_type, int32 device_id}
+        dev = self._DLDevice.from_address(get(cap, b"dltensor") + ctypes.sizeof(ctypes.c_void_p))
+        dev.device_type = 2  # kDLCUDA
+        return cap
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_block_summary_checks_mask_columns_against_causal():
+    """C=1 with causal=False once reached the kernel, which reads 4 columns per key (out of bounds)."""
+    sri, out = CudaTagged(t(1, 1, S, 1, dtype=np.int32)), CudaTagged(t(1, 1, 1, 8, dtype=np.int32))
+    with pytest.raises(ValueError, match=r"shape\[3\] must be 2 or 4 with causal=False"):
+        kernels.block_summary(sri, out, causal=False, seqlen_q=S, block_n=64)
+
+
+def test_misaligned_rows_are_value_errors():
+    """Strides that are not multiples of 8 once failed only in the C ABI (RuntimeError)."""
+    a = good()
+    q = CudaTagged(np.zeros((B, S, H, D + 4), np.float16)[..., :D])
+    cuda = {n: CudaTagged(x) for n, x in a.items()}
+    with pytest.raises(ValueError, match="strides must be multiples of 8"):
+        kernels.flashmask_fwd(q, cuda["k"], cuda["v"], None, cuda["out"], cuda["lse"], causal=True)
+    with pytest.raises(ValueError, match="softmax_scale must be a finite float32 > 0"):  # 0 once cast to float32
+        kernels.flashmask_fwd(cuda["q"], cuda["k"], cuda["v"], None, cuda["out"], cuda["lse"], causal=True,
+                              softmax_scale=1e-300)

@@ -217,3 +217,41 @@ def test_cp_planning_rejects_empty_masks():
         fm3dist.build_layout(np.zeros((0, 1, 256, 1), np.int32), True, 2)
     with pytest.raises(ValueError, match="seqlen must be >= 1"):
         check_segment_sizes(0, 1, 1)
+
+
+def test_cp_plan_more_argument_errors():
+    sri = masks.causal(16).startend_row_indices
+    plan = fm3dist.make_cp_plan(sri, causal=True)
+    with pytest.raises(ValueError, match="cover this plan's sequence"):  # once 'segments must have shape ...'
+        plan.for_mask(masks.causal(32).startend_row_indices, causal=True)
+    with pytest.raises(ValueError, match="bytes_per_token must be >= 1"):
+        plan.stats(bytes_per_token=0)
+    with pytest.raises(TypeError, match="plan must be a CPPlan"):  # once an AttributeError
+        fm3dist.cp_flashmask_attention(*qkv(grad=False), None)
+    with pytest.raises(TypeError, match="return_softmax_lse must be a bool"):
+        fm3dist.cp_flashmask_attention(*qkv(grad=False), plan, return_softmax_lse=1)
+    with pytest.raises(TypeError, match="masks must be a non-empty list"):  # once 'truth value ... ambiguous'
+        fm3dist.make_cp_plans(np.zeros((2, 2)))
+    with pytest.raises(TypeError, match=r"masks\[0\] must be a \(startend_row_indices, causal\) pair"):
+        fm3dist.make_cp_plans([(sri,)])
+    with pytest.raises(TypeError, match="rank must be an integer"):  # once accepted as rank 0
+        fm3dist.PlanOnlyCommunicator(0.5, 4)
+    with pytest.raises(ValueError, match="exact_limit must be >= 1"):  # once a ZeroDivisionError
+        fm3dist.hcc_ipo(np.array([10, 10, 10, 1, 1, 1, 9, 9]), 2, exact_limit=0)
+    assert fm3dist.segment_summary is not None  # listed in plan.__all__, once missing from the package
+
+
+@pytest.mark.parametrize("spec_sri,kw,match", [
+    ([None, None, None, 1], {}, "must be static"),  # once 'bool(Tensor) is not supported'
+    (None, {"window_size": 4}, "window_size needs static"),  # once 'batch must be an integer, got Value'
+])
+def test_to_static_unknown_dims_that_must_be_static(spec_sri, kw, match):
+    def f(q, k, v, sri=None):
+        return fm3.flashmask_attention(q, k, v, sri, causal=True, **kw)
+
+    spec = [InputSpec([None, None, 2, 8], "float32")] * 3 + ([InputSpec(spec_sri, "int32")] if spec_sri else [])
+    sf = paddle.jit.to_static(f, input_spec=spec, full_graph=True)
+    q = paddle.randn([1, 16, 2, 8])
+    args = (q, q, q) + ((paddle.full([1, 1, 16, 1], 16, "int32"),) if spec_sri else ())
+    with pytest.raises(ValueError, match=match):
+        sf(*args)

@@ -25,7 +25,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+inline int ceil_div(int a, int b) { return static_cast<int>((static_cast<int64_t>(a) + b - 1) / b); }  // no int overflow near 2^31
 
 // Copy rows [r0, r0+n) of one head into dst[n][d] as fp32, times `scale`.
 template <typename T>

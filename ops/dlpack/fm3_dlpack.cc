@@ -206,8 +206,18 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
     throw py::value_error("num_heads (" + std::to_string(H) + ") must be a multiple of num_heads_k (" + std::to_string(Hk) + ")");
   if (block_n_of(static_cast<int>(D)) == 0)
     throw py::value_error("head_dim " + std::to_string(D) + " has no sm90 " + kind + "kernel (see yaml/kernel_configs.yaml)");
-  if (!(softmax_scale > 0 && softmax_scale <= FLT_MAX))
+  if (!(softmax_scale > 0 && softmax_scale <= FLT_MAX && static_cast<float>(softmax_scale) > 0))
     throw py::value_error("softmax_scale must be a finite float32 > 0, got " + std::to_string(softmax_scale));
+  // What the kernels' 16-byte vector and TMA accesses need (the C ABI checks it too, as a RuntimeError).
+  for (const View* t : unit) {
+    if (reinterpret_cast<uintptr_t>(t->data()) % 16 != 0)
+      throw py::value_error(t->name + " must be 16-byte aligned");
+    for (int d = 0; d < 3; ++d)
+      if (t->strides[d] % 8 != 0)
+        throw py::value_error(t->name + "'s batch, row and head strides must be multiples of 8 elements, got strides " +
+                              std::to_string(t->strides[0]) + ", " + std::to_string(t->strides[1]) + ", " +
+                              std::to_string(t->strides[2]));
+  }
 
   fm3_fwd_params& p = c.p;
   p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = out.data();
@@ -306,6 +316,10 @@ void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, 
   expect_int32(o);
   if (!s.contiguous() || !o.contiguous()) throw py::value_error("startend_row_indices and out must be contiguous");
   if (block_n < 1) throw py::value_error("block_n must be >= 1, got " + std::to_string(block_n));
+  const int64_t C = s.shape[3];
+  if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
+    throw py::value_error(std::string("startend_row_indices.shape[3] must be ") +
+                          (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") + ", got " + std::to_string(C));
   if (seqlen_q < 1) throw py::value_error("seqlen_q must be >= 1, got " + std::to_string(seqlen_q));
   for (int d = 0; d < 4; ++d)
     if (s.shape[d] < 1 || s.shape[d] > INT32_MAX)

@@ -179,7 +179,9 @@ std::vector<paddle::Tensor> BlockClassify(const paddle::Tensor& startend_row_ind
   PD_CHECK(startend_row_indices.is_cpu(), "fm3_block_classify runs on CPU tensors");
   PD_CHECK(block_m > 0 && block_n > 0, "block_m and block_n must be positive");
   const auto& s = startend_row_indices.shape();
-  auto out = paddle::empty({s[0], s[1], (seqlen_q + block_m - 1) / block_m, (s[2] + block_n - 1) / block_n},
+  // 64-bit: seqlen_q + block_m - 1 overflows int near 2^31.
+  const int64_t tiles_q = (static_cast<int64_t>(seqlen_q) + block_m - 1) / block_m;
+  auto out = paddle::empty({s[0], s[1], tiles_q, (s[2] + block_n - 1) / block_n},
                            paddle::DataType::INT32, paddle::CPUPlace());
   if (out.numel() == 0) return {out};
   char err[512] = {0};

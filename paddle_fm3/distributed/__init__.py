@@ -16,10 +16,11 @@ plan (``plan``), execute (``executor``); communication behind ``comm.Communicato
 from .balance import hcc_ipo
 from .comm import Communicator, PaddleCommunicator, PlanOnlyCommunicator, TorchCommunicator
 from .localize import explicit_four_column, local_row_bound, localize
-from .plan import CPLayout, CPPlan, build_layout, default_segment_size, make_cp_plan, make_cp_plans
+from .plan import (CPLayout, CPPlan, build_layout, default_segment_size, make_cp_plan, make_cp_plans,
+                   segment_summary)
 
 __all__ = ["make_cp_plan", "make_cp_plans", "cp_flashmask_attention", "CPPlan", "CPLayout", "build_layout",
-           "hcc_ipo", "localize", "local_row_bound", "explicit_four_column", "default_segment_size",
+           "segment_summary", "hcc_ipo", "localize", "local_row_bound", "explicit_four_column", "default_segment_size",
            "Communicator", "PaddleCommunicator", "TorchCommunicator", "PlanOnlyCommunicator"]
 
 

@@ -70,9 +70,11 @@ class PlanOnlyCommunicator(Communicator):
     """A (rank, world_size) pair without a process group: plans, stats, simulation."""
 
     def __init__(self, rank: int, world_size: int):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        self.rank, self.world_size = int(rank), int(world_size)
+        from .. import masks  # noqa: PLC0415 - numpy only
+
+        world_size = masks._check_int("world_size", world_size, lo=1)
+        rank = masks._check_int("rank", rank, lo=0, hi=world_size - 1)
+        self.rank, self.world_size = rank, world_size
 
     def exchange(self, sends, recvs):
         if sends or recvs:

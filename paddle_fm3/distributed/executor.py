@@ -21,6 +21,7 @@ from paddle.autograd import PyLayer
 
 from .. import _validation as V
 from .._ops import ops
+from .plan import CPPlan
 
 __all__ = ["cp_flashmask_attention"]
 
@@ -136,6 +137,9 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
     Raises:
         TypeError / ValueError: bad tensors, or shapes that do not match the plan.
     """
+    if not isinstance(plan, CPPlan):
+        raise TypeError(f"plan must be a CPPlan (make_cp_plan), got {type(plan).__name__}")
+    return_softmax_lse = V.check_bool("return_softmax_lse", return_softmax_lse)
     V.check_qkv(q_local, k_local, v_local)
     L = plan.local_seqlen
     for name, x in (("q_local", q_local), ("k_local", k_local), ("v_local", v_local)):

@@ -175,7 +175,10 @@ def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Opt
                          f"{segment_size} = {num_ranks * segment_size}; pad the sequence with masked-out "
                          f"tokens or choose another segment_size")
     weights, needed = _segment_workload(sri, bool(causal), segment_size, tile)
-    for extra, extra_causal in extra_masks:
+    for i, entry in enumerate(extra_masks):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise TypeError(f"extra_masks[{i}] must be a (startend_row_indices, causal) pair")
+        extra, extra_causal = entry
         e = _check_mask(extra, extra_causal)
         if e.shape[2] != s:
             raise ValueError(f"all masks sharing a dispatch need seqlen {s}, got {e.shape[2]}")
@@ -303,6 +306,9 @@ class CPPlan:
         on the same ranks: e.g. sliding-window and global layers of one model). Its own
         localization and KV pruning; no communication."""
         sri = _check_mask(startend_row_indices, causal)
+        if sri.shape[2] != self.layout.seqlen:
+            raise ValueError(f"startend_row_indices must cover this plan's sequence ({self.layout.seqlen} tokens), "
+                             f"got {sri.shape[2]}")
         lay = build_layout(sri, causal, self.layout.num_ranks, self.layout.segment_size,
                            segments=self.layout.segments)
         return CPPlan(lay, sri, causal, self.comm)
@@ -325,6 +331,8 @@ class CPPlan:
         ``bytes_per_token``: KV bytes per token (``2 * num_heads_k * head_dim * itemsize * batch``)
         to report bytes; otherwise volumes are in tokens.
         """
+        if bytes_per_token is not None:
+            bytes_per_token = _masks._check_int("bytes_per_token", bytes_per_token, lo=1)
         lay = self.layout
         loads = lay.loads()
         mean = loads.mean() if loads.size else 0.0
@@ -392,8 +400,12 @@ def make_cp_plans(masks: Sequence[Tuple[object, bool]], *, group=None, segment_s
     """Plans for several masks of one sequence sharing one dispatch, balanced on their summed
     workload (e.g. the sliding-window and global layers of one model). ``masks``: a sequence of
     ``(startend_row_indices, causal)``."""
-    if not masks:
-        raise ValueError("masks must contain at least one (startend_row_indices, causal) pair")
+    if not isinstance(masks, (list, tuple)) or not masks:
+        raise TypeError("masks must be a non-empty list of (startend_row_indices, causal) pairs, got "
+                        f"{type(masks).__name__}")
+    for i, entry in enumerate(masks):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise TypeError(f"masks[{i}] must be a (startend_row_indices, causal) pair, got {type(entry).__name__}")
     comm = default_communicator(group)
     checked = [(_check_mask(m, c), bool(c)) for m, c in masks]
     first = build_layout(checked[0][0], checked[0][1], comm.world_size, segment_size,

@@ -180,8 +180,14 @@ def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, blo
                   stream: int = 0) -> None:
     """Per-key-block min/max of the four boundary vectors, on the GPU (O(S_k)).
 
-    ``out``: int32 CUDA ``[B, H_mask, ceil(S_k/block_n), 8]`` in the order lts_min, lts_max,
-    lte_min, lte_max, uts_min, uts_max, ute_min, ute_max (``fm3::BlockSummary``, mask.h).
+    ``startend_row_indices``: int32 contiguous CUDA ``[B, H_mask, S_k, C]`` (C 1|2 if causal, 2|4
+    otherwise; unlike the attention entries, no host arrays). ``out``: int32 CUDA
+    ``[B, H_mask, ceil(S_k/block_n), 8]`` in the order lts_min, lts_max, lte_min, lte_max, uts_min,
+    uts_max, ute_min, ute_max (``fm3::BlockSummary``, mask.h).
+
+    Raises:
+        TypeError: non-bool ``causal``, non-integer sizes, non-int32 tensors.
+        ValueError: shapes, devices or C out of contract; ``seqlen_q`` or ``block_n`` < 1.
     """
     from .. import masks  # numpy only: no Paddle needed
 
