@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import importlib.util
 import pathlib
@@ -165,6 +166,12 @@ def main(argv=None) -> int:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0 or args.threads < 0:
         p.error("--warmup and --threads must be >= 0")
+    if not 0 <= args.seed < 2**32:
+        p.error("--seed must be in [0, 2^32)")
+    if not (math.isfinite(args.target) and args.target > 0):
+        p.error("--target must be a finite number > 0")
+    if args.head_dim > 256:
+        p.error("--head-dim must be <= 256 (the CPU kernel's limit)")
 
     paddle.set_device("cpu")
     if args.threads > 0 and hasattr(paddle.base.core, "set_num_threads"):

@@ -7,7 +7,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "gpu"))
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
+
+try:
+    import torch  # noqa: E402
+except ImportError:
+    sys.exit("gpu_smoke.py needs torch with CUDA on a Hopper GPU (the device machine)")
 
 from fm3_gpu_util import DTYPES, TOL, make_qkv, run_kernel  # noqa: E402
 from paddle_fm3 import masks, reference  # noqa: E402

@@ -163,6 +163,13 @@ def main():
         ap.error(f"unknown families {[f for f in args.families if f not in known]}; choose from {known}")
     if min(args.seqlens) < 1 or min(args.ranks) < 1:
         ap.error("--seqlens and --ranks must be >= 1")
+    if not 0 <= args.seed < 2**32:
+        ap.error("--seed must be in [0, 2^32)")
+    for s in args.seqlens:  # the block count below uses tiles of max(128, S/4096) tokens
+        for p in args.ranks:
+            if s % (p * max(128, s // 4096)):
+                ap.error(f"--seqlens {s} with --ranks {p}: S must be a multiple of ranks x {max(128, s // 4096)} "
+                         "(the simulated tile)")
     rows = []
     block_pairs(masks.causal(1024).startend_row_indices, True, 1024, 128)  # warm up the op
     for s in args.seqlens:

@@ -423,6 +423,8 @@ def parse_args(argv=None):
         p.error("--question-frac and --prefix-frac must be in [0, 1]")
     if args.warmup < 0 or args.max_doc_len < 0:
         p.error("--warmup and --max-doc-len must be >= 0")
+    if not 0 <= args.seed < 2**32:
+        p.error("--seed must be in [0, 2^32)")
     return args
 
 
@@ -444,6 +446,10 @@ def main(argv=None) -> int:
     n_eval = min(args.eval_rows, n_rows // 5)
     train_idx = np.arange(n_rows - n_eval)
     eval_idx = np.arange(n_rows - n_eval, n_rows)
+    if not np.any(data.labels[train_idx] != IGNORE):
+        print("error: the packed training rows have no next-token targets (documents of one byte, --seq-len 1, "
+              "or a prefix/question covering every document): nothing to train on", file=sys.stderr)
+        return 2
     print(f"data: {len(docs)} documents from {source}; {n_rows * args.seq_len:,} byte tokens packed into "
           f"{n_rows} rows of {args.seq_len} ({data.segments_per_row:.2f} pieces/row; {len(train_idx)} train, "
           f"{n_eval} held out) in {time.perf_counter() - t0:.1f}s")

@@ -109,3 +109,10 @@ def test_bad_arguments_are_argparse_errors(args, msg, capsys):
     with pytest.raises(SystemExit):
         train.parse_args(args)
     assert msg in capsys.readouterr().err
+
+
+def test_nothing_to_train_on_is_an_error():
+    """One-byte documents have no next-token targets: once trained on nothing and reported loss 0."""
+    proc = subprocess.run([sys.executable, str(TRAIN), *TINY, "--max-doc-len", "1"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "nothing to train on" in proc.stderr, proc.stderr[-2000:]
