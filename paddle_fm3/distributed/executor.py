@@ -135,7 +135,8 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
         sequence, and so do the gradients (through ``dispatch``).
 
     Raises:
-        TypeError / ValueError: bad tensors, or shapes that do not match the plan.
+        TypeError / ValueError: bad tensors, a ``plan`` that is not a :class:`CPPlan`, a non-bool
+            ``return_softmax_lse``, or shapes that do not match the plan.
     """
     if not isinstance(plan, CPPlan):
         raise TypeError(f"plan must be a CPPlan (make_cp_plan), got {type(plan).__name__}")
