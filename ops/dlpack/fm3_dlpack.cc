@@ -120,6 +120,28 @@ void expect_int32(const View& v) {
   if (!(d.code == kDLInt && d.bits == 32 && d.lanes == 1)) throw py::type_error(v.name + " must be int32");
 }
 
+// An int32 mask argument (startend_row_indices, block_mask, block summary): int32 and contiguous.
+void expect_int32_contiguous(const View& v) {
+  expect_int32(v);
+  if (!v.contiguous()) throw py::value_error(v.name + " must be contiguous");
+}
+
+// startend_row_indices' last dimension C for the causal flag (the forward, backward, block summary
+// and CP workload entries).
+void expect_mask_cols(int64_t C, bool causal) {
+  if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
+    throw py::value_error(std::string("startend_row_indices.shape[3] must be ") +
+                          (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") + ", got " + std::to_string(C));
+}
+
+// A 4-D startend_row_indices whose dimensions must fit the C ABI's int.
+void expect_mask_dims(const int64_t* shape) {
+  for (int d = 0; d < 4; ++d)
+    if (shape[d] < 1 || shape[d] > INT32_MAX)
+      throw py::value_error("startend_row_indices dimensions must be in [1, 2^31 - 1], got dimension " +
+                            std::to_string(d) + " = " + std::to_string(shape[d]));
+}
+
 // An int32 mask argument: a device pointer, uploading host-resident ones for the call.
 struct MaskArg {
   const int32_t* ptr = nullptr;
@@ -133,9 +155,8 @@ struct MaskArg {
   }
 };
 
+// v: checked by expect_int32_contiguous.
 void stage_mask(const View& v, MaskArg& m, void* stream) {
-  expect_int32(v);
-  if (!v.contiguous()) throw py::value_error(v.name + " must be contiguous");
   m.stream = stream;
   if (v.on_gpu()) {
     m.ptr = static_cast<const int32_t*>(v.data());
@@ -247,11 +268,8 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
                             std::to_string(Sk) + ", C], got " + s.shape_str());
     if (Hm != 1 && Hm != Hk && Hm != H)
       throw py::value_error("startend_row_indices.shape[1] must be 1, num_heads_k or num_heads, got " + std::to_string(Hm));
-    if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
-      throw py::value_error(std::string("startend_row_indices.shape[3] must be ") + (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") +
-                            ", got " + std::to_string(C));
-    expect_int32(s);
-    if (!s.contiguous()) throw py::value_error("startend_row_indices must be contiguous");
+    expect_mask_cols(C, causal);
+    expect_int32_contiguous(s);
     sri_view = std::move(s);
     p.mask_heads = static_cast<int>(Hm);
     p.mask_cols = static_cast<int>(C);
@@ -264,8 +282,7 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
     if (Hm < 0 && want_h != 1 && want_h != Hk && want_h != H)
       throw py::value_error("block_mask.shape[1] must be 1, num_heads_k or num_heads");
     expect_shape(bmv, {B, want_h, (Sq + 127) / 128, (Sk + 127) / 128}, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
-    expect_int32(bmv);
-    if (!bmv.contiguous()) throw py::value_error("block_mask must be contiguous");
+    expect_int32_contiguous(bmv);
     p.mask_heads = static_cast<int>(want_h);
   }
   // Every argument is checked: now the (possibly host-resident) masks go to the device.
@@ -312,18 +329,12 @@ void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, 
   expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
   expect_gpu(s);
   expect_gpu(o);
-  expect_int32(s);
-  expect_int32(o);
-  if (!s.contiguous() || !o.contiguous()) throw py::value_error("startend_row_indices and out must be contiguous");
+  expect_int32_contiguous(s);
+  expect_int32_contiguous(o);
   if (block_n < 1) throw py::value_error("block_n must be >= 1, got " + std::to_string(block_n));
-  const int64_t C = s.shape[3];
-  if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
-    throw py::value_error(std::string("startend_row_indices.shape[3] must be ") +
-                          (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") + ", got " + std::to_string(C));
+  expect_mask_cols(s.shape[3], causal);
   if (seqlen_q < 1) throw py::value_error("seqlen_q must be >= 1, got " + std::to_string(seqlen_q));
-  for (int d = 0; d < 4; ++d)
-    if (s.shape[d] < 1 || s.shape[d] > INT32_MAX)
-      throw py::value_error("startend_row_indices dimensions must be in [1, 2^31 - 1], got " + s.shape_str());
+  expect_mask_dims(s.shape.data());
   const int64_t nb = (s.shape[2] + block_n - 1) / block_n;
   expect_shape(o, {s.shape[0], s.shape[1], nb, 8}, "[batch, mask_heads, ceil(seqlen_k/block_n), 8]");
   char err[1024] = {0};
@@ -341,14 +352,10 @@ py::tuple segment_workload(py::array_t<int32_t, py::array::c_style | py::array::
     throw py::value_error("startend_row_indices must be 4-D [batch, mask_heads, seqlen, C], got " +
                           std::to_string(sri.ndim()) + "-D");
   const int64_t C = sri.shape(3);
-  if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
-    throw py::value_error(std::string("startend_row_indices.shape[3] must be ") +
-                          (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") + ", got " + std::to_string(C));
+  expect_mask_cols(C, causal);
   if (segment_size < 1) throw py::value_error("segment_size must be positive, got " + std::to_string(segment_size));
-  for (int d = 0; d < 4; ++d)
-    if (sri.shape(d) < 1 || sri.shape(d) > INT32_MAX)
-      throw py::value_error("startend_row_indices dimensions must be in [1, 2^31 - 1], got dimension " +
-                            std::to_string(d) + " = " + std::to_string(sri.shape(d)));
+  const int64_t shape[4] = {sri.shape(0), sri.shape(1), sri.shape(2), sri.shape(3)};
+  expect_mask_dims(shape);
   const int64_t n = sri.shape(2) / segment_size;
   py::array_t<int64_t> weights(n);
   py::array_t<int32_t> needed({n, n});

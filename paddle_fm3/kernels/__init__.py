@@ -21,6 +21,8 @@ from typing import Optional
 
 import numpy as np
 
+from .. import masks  # numpy only: importing it needs no Paddle
+
 __all__ = ["flashmask_fwd", "flashmask_bwd", "block_summary", "block_n", "bwd_block_n", "segment_workload",
            "check_segment_sizes", "MAX_SEGMENTS", "available"]
 
@@ -55,9 +57,7 @@ def block_n(head_dim: int) -> int:
 
 
 def _head_dim(head_dim) -> int:
-    from .. import masks  # numpy only: no Paddle needed
-
-    return masks._check_int("head_dim", head_dim, lo=0, hi=2**31 - 1)
+    return masks._check_int("head_dim", head_dim, lo=0, hi=masks.MAX_SEQLEN)
 
 
 def _shape(name, x):
@@ -70,8 +70,6 @@ def _shape(name, x):
 def _common_args(q, k, startend_row_indices, causal, softmax_scale, window_size, stream):
     """Checks shared by the forward and backward entries; returns (startend_row_indices, causal,
     scale), the window converted to startend_row_indices as Paddle does."""
-    from .. import masks  # numpy only: no Paddle needed
-
     causal = masks._check_bool("causal", causal)
     _check_stream(stream)
     qs, ks = _shape("q", q), _shape("k", k)
@@ -165,8 +163,6 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
         ValueError: shapes, strides, devices, head_dim or scale out of contract.
         RuntimeError: a CUDA error from the kernel launch.
     """
-    from .. import masks  # numpy only: no Paddle needed
-
     deterministic = masks._check_bool("deterministic", deterministic)
     for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _shape(name, x)
@@ -189,11 +185,9 @@ def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, blo
         TypeError: non-bool ``causal``, non-integer sizes, non-int32 tensors.
         ValueError: shapes, devices or C out of contract; ``seqlen_q`` or ``block_n`` < 1.
     """
-    from .. import masks  # numpy only: no Paddle needed
-
     causal = masks._check_bool("causal", causal)
-    seqlen_q = masks._check_int("seqlen_q", seqlen_q, lo=1, hi=2**31 - 1)
-    block_n = masks._check_int("block_n", block_n, lo=1, hi=2**31 - 1)
+    seqlen_q = masks._check_int("seqlen_q", seqlen_q, lo=1, hi=masks.MAX_SEQLEN)
+    block_n = masks._check_int("block_n", block_n, lo=1, hi=masks.MAX_SEQLEN)
     _check_stream(stream)
     _ext().block_summary(startend_row_indices, out, causal, seqlen_q, block_n, int(stream))
 
@@ -218,8 +212,6 @@ def segment_workload(startend_row_indices, segment_size: int, tile: int, causal:
         TypeError: a non-integer mask, non-bool ``causal``, non-integer sizes.
         ValueError: a mask that fails validation; sizes not positive or not with ``tile | segment_size | S``.
     """
-    from .. import masks  # numpy only: no Paddle needed
-
     arr, seqlen = masks.validate_startend_row_indices(startend_row_indices, causal)
     segment_size, tile = check_segment_sizes(seqlen, segment_size, tile)
     if segment_size % tile:
@@ -237,8 +229,6 @@ def check_segment_sizes(seqlen: int, segment_size, tile):
     Raises:
         TypeError: a non-integer size. ValueError: the conditions above.
     """
-    from .. import masks  # noqa: PLC0415
-
     seqlen = masks._check_int("seqlen", seqlen, lo=1, hi=masks.MAX_SEQLEN)
     segment_size = masks._check_int("segment_size", segment_size, lo=1, hi=seqlen)
     tile = masks._check_int("tile", tile, lo=1)
