@@ -2,18 +2,21 @@
 """Side-by-side forward benchmark on the GPU machine (no Paddle needed).
 
 For each mask family of paddle_fm3.masks.FAMILIES, sequence length S and head dim D (bf16, 128K
-tokens in total: batch = 128K / S; hidden 4096: heads = 4096 / D), times
+tokens in total: batch = 128K / S; hidden 4096: heads = 4096 / D), times in one run
   - this package's Hopper kernel (paddle_fm3.kernels.flashmask_fwd, block summary included),
-  - torch.compile'd FlexAttention with a mask_mod reading the same four column vectors
-    (create_block_mask time reported separately, not in the attention time),
+  - torch.compile'd FlexAttention with a mask_mod reading the same four column vectors, on each of
+    --flex-backends: "flash" (kernel_options={"BACKEND": "FLASH"}, the FlashAttention-4 CuTe DSL
+    kernels; needs flash-attn-4, see ../shared/tools/fa4_anchor.sh, and FM3_EXTRA_SITE=/tmp/site) and
+    "triton" (FlexAttention's default); create_block_mask time is not in the attention time,
   - cuDNN SDPA on the full and causal families,
 and the block-summary kernel alone. TFLOP/s count only visible pairs: 4 * B * H * D * pairs / t.
+Each row carries family, head_dim, seqlen, batch, heads and the TFLOP/s of fm3, flex_flash,
+flex_triton and cudnn (null where a backend cannot run, with the reason under <backend>_error).
 
     python3 scripts/bench_attention.py --seqlens 32768 --head-dims 128 --out $OUT/bench.json
 
 --bwd times the backward instead (paddle_fm3.kernels.flashmask_bwd, default and deterministic dQ;
-forward+backward; FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are
-2.5x the forward's, forward+backward 3.5x:
+FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are 2.5x the forward's:
 
     python3 scripts/bench_attention.py --bwd --total-tokens 32768 --seqlens 32768 --head-dims 128
 """
@@ -25,12 +28,16 @@ import time
 
 import numpy as np
 
+if os.environ.get("FM3_EXTRA_SITE"):  # flash-attn-4 / CuTe DSL installed by fa4_anchor.sh (its .pth files)
+    import site
+    site.addsitedir(os.environ["FM3_EXTRA_SITE"])
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from paddle_fm3 import kernels, masks  # noqa: E402
 
 torch = None  # imported by main() after argument parsing, so --help works where torch is absent
 TOTAL = 128 * 1024
 HIDDEN = 4096
+FLEX_KERNEL_OPTIONS = {"flash": {"BACKEND": "FLASH"}, "triton": None}
 
 
 def bench(fn, warmup=2, rep=8):
@@ -98,7 +105,8 @@ def main():
     ap.add_argument("--seqlens", default="32768", help="comma-separated sequence lengths S")
     ap.add_argument("--head-dims", default="128", help="comma-separated head dims D (heads = 4096 / D)")
     ap.add_argument("--families", default=",".join(masks.FAMILIES), help="comma-separated mask families")
-    ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compile takes minutes)")
+    ap.add_argument("--flex-backends", default="flash,triton",
+                    help="comma-separated FlexAttention backends to time (flash, triton), or none")
     ap.add_argument("--out", default=None, help="write the result rows as JSON here")
     ap.add_argument("--bwd", action="store_true", help="benchmark the backward (see the module doc)")
     ap.add_argument("--total-tokens", type=int, default=TOTAL, help="batch = total / S")
@@ -113,158 +121,165 @@ def main():
     if not torch_module.cuda.is_available():
         sys.exit("bench_attention.py needs a CUDA GPU (Hopper); torch sees none")
     torch = torch_module
+    args.flex_backends = [] if args.flex_backends == "none" else args.flex_backends.split(",")
+    for fb in args.flex_backends:
+        if fb not in FLEX_KERNEL_OPTIONS:
+            ap.error(f"--flex-backends: unknown backend {fb!r} (expected flash, triton or none)")
     if args.bwd:
         return main_bwd(args)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return main_fwd(args)
+
+
+def compiled_flex(backends):
+    """{backend: compiled flex_attention(q, k, v, block_mask)} for the FlexAttention backends asked for."""
     from torch.nn.attention.flex_attention import flex_attention
-    flex = torch.compile(flex_attention, dynamic=False)
-    rows = []
+    fns = {}
+    for fb in backends:
+        opts = FLEX_KERNEL_OPTIONS[fb]
+        fns[fb] = torch.compile(
+            lambda q, k, v, block_mask, opts=opts: flex_attention(q, k, v, block_mask=block_mask, kernel_options=opts),
+            dynamic=False)
+    return fns
+
+
+def problems(args):
+    """(d, s, b, h) for every head dim and sequence length asked for."""
     for d in [int(x) for x in args.head_dims.split(",")]:
         for s in [int(x) for x in args.seqlens.split(",")]:
-            b, h = max(1, args.total_tokens // s), HIDDEN // d
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            out = torch.empty_like(q)
-            lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, S, D] views
-            flex_mask = FlexMask(b, s)
-            for fam in args.families.split(","):
-                fm = masks.FAMILIES[fam](s, np.random.default_rng(0), batch=b)
-                sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
-                causal = fm.causal
-                pairs = masks.density(sri_np, causal) * b * s * s
-                flops = 4.0 * h * d * pairs
-                sri = torch.from_numpy(sri_np).cuda()
-                row = {"family": fam, "S": s, "D": d, "B": b, "H": h, "density": pairs / (b * s * s)}
-                t = bench(lambda: kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal))
-                row["fm3_ms"] = t * 1e3
-                row["fm3_tflops"] = flops / t / 1e12
-                bn = kernels.block_n(d)
-                summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
-                ts = bench(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn))
-                row["summary_us"] = ts * 1e6
-                row["summary_pct"] = 100.0 * ts / t
-                if not args.no_flex:
-                    try:
-                        flex_mask.set_family(sri_np, causal)
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        bmask = flex_mask.block_mask()
-                        torch.cuda.synchronize()
-                        row["flex_block_mask_ms"] = (time.perf_counter() - t0) * 1e3
-                        tf = bench(lambda: flex(qt, kt, vt, block_mask=bmask))
-                        row["flex_tflops"] = flops / tf / 1e12
-                        row["vs_flex"] = row["fm3_tflops"] / row["flex_tflops"]
-                    except Exception as e:  # noqa: BLE001
-                        row["flex_error"] = repr(e)[:200]
-                if fam in ("full", "causal"):
-                    try:
-                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                            tc = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                                qt, kt, vt, is_causal=causal))
-                        row["cudnn_tflops"] = flops / tc / 1e12
-                        row["vs_cudnn"] = row["fm3_tflops"] / row["cudnn_tflops"]
-                    except Exception as e:  # noqa: BLE001
-                        row["cudnn_error"] = repr(e)[:200]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                if args.out:
-                    with open(args.out, "w") as f:
-                        json.dump(rows, f, indent=1)
-            del q, k, v, out, qt, kt, vt
-            torch.cuda.empty_cache()
-    print("\n| D | S | family | density | fm3 TFLOP/s | Flex TFLOP/s | fm3/Flex | cuDNN TFLOP/s | fm3/cuDNN | summary % |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+            yield d, s, max(1, args.total_tokens // s), HIDDEN // d
+
+
+def family_mask(fam, s, b):
+    """(startend_row_indices as int32 numpy, causal, visible pairs) of one family."""
+    fm = masks.FAMILIES[fam](s, np.random.default_rng(0), batch=b)
+    sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
+    return sri_np, fm.causal, masks.density(sri_np, fm.causal) * b * s * s
+
+
+def peer(row, name, fn):
+    """row[name] = fn() (TFLOP/s), or None with the reason under name_error."""
+    try:
+        row[name] = fn()
+    except Exception as e:  # noqa: BLE001
+        row[name] = None
+        row[name + "_error"] = repr(e)[:300]
+
+
+def emit(rows, row, out):
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def print_table(rows, extra=()):
+    cols = ["fm3", "flex_flash", "flex_triton", "cudnn", *extra]
+    print("\n| D | S | family | density | " + " | ".join(cols) + " | fm3/flex_flash | fm3/flex_triton | fm3/cudnn |")
+    print("|---|---|---|---|" + "---|" * (len(cols) + 3))
     for r in rows:
-        f = lambda key, fmt="{:.0f}": fmt.format(r[key]) if key in r else "-"  # noqa: E731
-        print(f"| {r['D']} | {r['S']} | {r['family']} | {r['density']:.3f} | {f('fm3_tflops')} | {f('flex_tflops')} | "
-              f"{f('vs_flex', '{:.2f}')} | {f('cudnn_tflops')} | {f('vs_cudnn', '{:.2f}')} | {f('summary_pct', '{:.2f}')} |")
+        f = lambda key: "-" if r.get(key) is None else f"{r[key]:.0f}"  # noqa: E731
+        ratio = lambda key: "-" if not r.get(key) else f"{r['fm3'] / r[key]:.2f}"  # noqa: E731
+        print(f"| {r['head_dim']} | {r['seqlen']} | {r['family']} | {r['density']:.3f} | "
+              + " | ".join(f(c) for c in cols) + f" | {ratio('flex_flash')} | {ratio('flex_triton')} | {ratio('cudnn')} |")
+
+
+def main_fwd(args):
+    """Forward TFLOP/s of ours, FlexAttention (each backend) and cuDNN SDPA, in one run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    flex = compiled_flex(args.flex_backends)
+    rows = []
+    for d, s, b, h in problems(args):
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, S, D] views
+        flex_mask = FlexMask(b, s)
+        for fam in args.families.split(","):
+            sri_np, causal, pairs = family_mask(fam, s, b)
+            flops = 4.0 * h * d * pairs
+            sri = torch.from_numpy(sri_np).cuda()
+            row = {"family": fam, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "density": pairs / (b * s * s)}
+            t = bench(lambda: kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal), rep=args.rep)
+            row["fm3"] = flops / t / 1e12
+            bn = kernels.block_n(d)
+            summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
+            ts = bench(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn))
+            row["summary_pct"] = 100.0 * ts / t
+            if flex:
+                flex_mask.set_family(sri_np, causal)
+                bmask = flex_mask.block_mask()
+            for fb in ("flash", "triton"):
+                if fb in flex:
+                    peer(row, "flex_" + fb, lambda: flops / bench(lambda: flex[fb](qt, kt, vt, bmask), rep=args.rep) / 1e12)
+                else:
+                    row["flex_" + fb] = None
+            row["cudnn"] = None
+            if fam in ("full", "causal"):
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return flops / bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                            qt, kt, vt, is_causal=causal), rep=args.rep) / 1e12
+                peer(row, "cudnn", cudnn)
+            emit(rows, row, args.out)
+        del q, k, v, out, qt, kt, vt
+        torch.cuda.empty_cache()
+    print_table(rows)
 
 
 def main_bwd(args):
-    """Backward and forward+backward TFLOP/s (2.5x / 3.5x the forward's visible-pair FLOPs)."""
+    """Backward TFLOP/s (2.5x the forward's visible-pair FLOPs) of ours (default and deterministic dQ),
+    FlexAttention (each backend) and cuDNN SDPA through autograd, in one run."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.attention.flex_attention import flex_attention
-    flex = torch.compile(flex_attention, dynamic=False)
+    flex = compiled_flex(args.flex_backends)
     rep = args.rep
     rows = []
-    for d in [int(x) for x in args.head_dims.split(",")]:
-        for s in [int(x) for x in args.seqlens.split(",")]:
-            b, h = max(1, args.total_tokens // s), HIDDEN // d
-            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            do = torch.randn_like(q)
-            out = torch.empty_like(q)
-            lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-            qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
-            qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
-            flex_mask = FlexMask(b, s)
-            for fam in args.families.split(","):
-                fm = masks.FAMILIES[fam](s, np.random.default_rng(0), batch=b)
-                sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
-                causal = fm.causal
-                pairs = masks.density(sri_np, causal) * b * s * s
-                fwd_flops = 4.0 * h * d * pairs
-                sri = torch.from_numpy(sri_np).cuda()
-                row = {"family": fam, "S": s, "D": d, "B": b, "H": h, "density": pairs / (b * s * s)}
+    for d, s, b, h in problems(args):
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        do = torch.randn_like(q)
+        out = torch.empty_like(q)
+        lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
+        qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
+        flex_mask = FlexMask(b, s)
+        for fam in args.families.split(","):
+            sri_np, causal, pairs = family_mask(fam, s, b)
+            bwd_flops = 2.5 * 4.0 * h * d * pairs
+            sri = torch.from_numpy(sri_np).cuda()
+            row = {"family": fam, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "density": pairs / (b * s * s)}
 
-                def fm3_fwd():
-                    kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
+            def fm3_bwd(det=False):
+                kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal, deterministic=det)
+            kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
+            row["fm3"] = bwd_flops / bench(fm3_bwd, warmup=1, rep=rep) / 1e12
+            row["fm3_det"] = bwd_flops / bench(lambda: fm3_bwd(True), warmup=1, rep=rep) / 1e12
+            if flex:
+                flex_mask.set_family(sri_np, causal)
+                bmask = flex_mask.block_mask()
+            for fb in ("flash", "triton"):
+                if fb not in flex:
+                    row["flex_" + fb] = None
+                    continue
 
-                def fm3_bwd(det=False):
-                    kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal, deterministic=det)
-                fm3_fwd()
-                t = bench(fm3_bwd, warmup=1, rep=rep)
-                row["fm3_bwd_ms"] = t * 1e3
-                row["fm3_bwd_tflops"] = 2.5 * fwd_flops / t / 1e12
-                t = bench(lambda: fm3_bwd(True), warmup=1, rep=rep)
-                row["fm3_bwd_det_tflops"] = 2.5 * fwd_flops / t / 1e12
-                t = bench(lambda: (fm3_fwd(), fm3_bwd()), warmup=1, rep=rep)
-                row["fm3_fwdbwd_tflops"] = 3.5 * fwd_flops / t / 1e12
-                if not args.no_flex:
-                    try:
-                        flex_mask.set_family(sri_np, causal)
-                        bmask = flex_mask.block_mask()
-                        o = flex(qg, kg, vg, block_mask=bmask)
-                        tb = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
-                                   warmup=1, rep=rep)
-                        row["flex_bwd_tflops"] = 2.5 * fwd_flops / tb / 1e12
-                        tfb = bench(lambda: torch.autograd.grad(flex(qg, kg, vg, block_mask=bmask), (qg, kg, vg), dot),
-                                    warmup=1, rep=rep)
-                        row["flex_fwdbwd_tflops"] = 3.5 * fwd_flops / tfb / 1e12
-                        row["bwd_vs_flex"] = row["fm3_bwd_tflops"] / row["flex_bwd_tflops"]
-                        del o
-                    except Exception as e:  # noqa: BLE001
-                        row["flex_error"] = repr(e)[:200]
-                if fam in ("full", "causal"):
-                    try:
-                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                            o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                            tc = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
-                                       warmup=1, rep=rep)
-                            tcf = bench(lambda: torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
-                                qg, kg, vg, is_causal=causal), (qg, kg, vg), dot), warmup=1, rep=rep)
-                            del o
-                        row["cudnn_bwd_tflops"] = 2.5 * fwd_flops / tc / 1e12
-                        row["cudnn_fwdbwd_tflops"] = 3.5 * fwd_flops / tcf / 1e12
-                        row["bwd_vs_cudnn"] = row["fm3_bwd_tflops"] / row["cudnn_bwd_tflops"]
-                    except Exception as e:  # noqa: BLE001
-                        row["cudnn_error"] = repr(e)[:200]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                if args.out:
-                    with open(args.out, "w") as f:
-                        json.dump(rows, f, indent=1)
-            del q, k, v, do, out, dq, dk, dv, qt, kt, vt, dot, qg, kg, vg
-            torch.cuda.empty_cache()
-    print("\n| D | S | family | density | fm3 bwd | fm3 bwd det | Flex bwd | fm3/Flex | cuDNN bwd | fm3/cuDNN "
-          "| fm3 fwd+bwd | Flex fwd+bwd | cuDNN fwd+bwd |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        f = lambda key, fmt="{:.0f}": fmt.format(r[key]) if key in r else "-"  # noqa: E731
-        print(f"| {r['D']} | {r['S']} | {r['family']} | {r['density']:.3f} | {f('fm3_bwd_tflops')} | "
-              f"{f('fm3_bwd_det_tflops')} | {f('flex_bwd_tflops')} | {f('bwd_vs_flex', '{:.2f}')} | "
-              f"{f('cudnn_bwd_tflops')} | {f('bwd_vs_cudnn', '{:.2f}')} | {f('fm3_fwdbwd_tflops')} | "
-              f"{f('flex_fwdbwd_tflops')} | {f('cudnn_fwdbwd_tflops')} |")
+                def flex_bwd():
+                    o = flex[fb](qg, kg, vg, bmask)
+                    t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True), warmup=1, rep=rep)
+                    return bwd_flops / t / 1e12
+                peer(row, "flex_" + fb, flex_bwd)
+            row["cudnn"] = None
+            if fam in ("full", "causal"):
+                def cudnn_bwd():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                        t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
+                                  warmup=1, rep=rep)
+                    return bwd_flops / t / 1e12
+                peer(row, "cudnn", cudnn_bwd)
+            emit(rows, row, args.out)
+        del q, k, v, do, out, dq, dk, dv, qt, kt, vt, dot, qg, kg, vg
+        torch.cuda.empty_cache()
+    print_table(rows, extra=("fm3_det",))
 
 
 if __name__ == "__main__":
