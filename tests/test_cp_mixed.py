@@ -3,7 +3,8 @@
 On gloo the exchange is made of collectives, so a rank with nothing to send or receive must still
 join them; these masks leave such ranks beside active ones (tests/cp/cp_mixed_worker.py). Forward,
 undispatch and all three gradients against single-process ``flashmask_attention``; a 4-layer model
-alternating two plans. Each launch runs under a subprocess timeout.
+alternating two plans; ranks holding different masks with the same layout fail the debug check
+with a clear error on every rank. Each launch runs under a subprocess timeout.
 """
 
 import pathlib
@@ -54,3 +55,11 @@ def test_alternating_plans_one_leaving_ranks_idle(results):
         for key in ("out", "dq", "dk", "dv"):
             assert r[key] < CHAIN_TOL, f"P={p} rank {r['rank']}: {key} rel err {r[key]:.2e}"
 
+
+def test_different_masks_fail_the_debug_check_on_every_rank(results):
+    p, res = results
+    rows = _case(res, "disagreeing_masks")
+    assert len(rows) == p
+    for r in rows:
+        assert r["same_layout"], "the masks were meant to give the same segments and needed matrix"
+        assert "differ" in r["message"] and "mask" in r["message"], r["message"]

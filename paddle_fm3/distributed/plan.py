@@ -125,10 +125,13 @@ class CPLayout:
         weights: int64 ``[n]`` workload; needed: bool ``[n, n]`` (query segment, key segment).
         recv: ``recv[r][p]``: int64 array, ascending segments owned by ``p`` whose KV rank ``r``
             receives (empty for ``p == r``).
+        mask_digest: sha256 (bytes) of the masks and causal flags the layout was built from
+            (:func:`mask_digest`; empty when built from a summary only).
     """
 
-    def __init__(self, seqlen, segment_size, num_ranks, segments, weights, needed):
+    def __init__(self, seqlen, segment_size, num_ranks, segments, weights, needed, mask_digest: bytes = b""):
         self.seqlen, self.segment_size, self.num_ranks = int(seqlen), int(segment_size), int(num_ranks)
+        self.mask_digest = bytes(mask_digest)
         self.num_segments = self.seqlen // self.segment_size
         self.segments = np.asarray(segments, dtype=np.int64)
         self.weights = np.asarray(weights, dtype=np.int64)
@@ -149,11 +152,24 @@ class CPLayout:
         return self.weights[self.segments].sum(axis=1)
 
     def digest(self) -> str:
+        """Hex sha256 of everything the ranks must agree on: sizes, the segment assignment, the
+        workload, the needed matrix and the masks with their causal flags."""
         h = hashlib.sha256()
         h.update(np.array([self.seqlen, self.segment_size, self.num_ranks], np.int64).tobytes())
         h.update(self.segments.tobytes())
+        h.update(self.weights.tobytes())
         h.update(np.packbits(self.needed).tobytes())
+        h.update(self.mask_digest)
         return h.hexdigest()
+
+
+def mask_digest(masks_and_flags: Sequence[Tuple[np.ndarray, bool]]) -> bytes:
+    """sha256 of checked masks (contiguous int32 ``[B, H_mask, S, C]``) with their causal flags."""
+    h = hashlib.sha256()
+    for sri, causal in masks_and_flags:
+        h.update(np.array(list(sri.shape) + [int(bool(causal))], np.int64).tobytes())
+        h.update(np.ascontiguousarray(sri, dtype=np.int32).tobytes())
+    return h.digest()
 
 
 def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Optional[int] = None,
@@ -175,6 +191,7 @@ def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Opt
                          f"{segment_size} = {num_ranks * segment_size}; pad the sequence with masked-out "
                          f"tokens or choose another segment_size")
     weights, needed = _segment_workload(sri, bool(causal), segment_size, tile)
+    checked = [(sri, bool(causal))]
     for i, entry in enumerate(extra_masks):
         if not isinstance(entry, (list, tuple)) or len(entry) != 2:
             raise TypeError(f"extra_masks[{i}] must be a (startend_row_indices, causal) pair")
@@ -184,11 +201,12 @@ def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Opt
             raise ValueError(f"all masks sharing a dispatch need seqlen {s}, got {e.shape[2]}")
         w2, _ = _segment_workload(e, bool(extra_causal), segment_size, tile)
         weights = weights + w2
+        checked.append((e, bool(extra_causal)))
     if segments is None:
         segments = hcc_ipo(weights, num_ranks)
     else:
         segments = _check_segments(segments, num_ranks, s // segment_size)
-    return CPLayout(s, segment_size, num_ranks, segments, weights, needed)
+    return CPLayout(s, segment_size, num_ranks, segments, weights, needed, mask_digest(checked))
 
 
 def _check_segments(segments, num_ranks: int, num_segments: int) -> np.ndarray:
@@ -315,7 +333,9 @@ class CPPlan:
 
     # ---- introspection -------------------------------------------------------------------
     def digest(self) -> str:
-        return self.layout.digest()
+        """Hex sha256 of the layout (:meth:`CPLayout.digest`) and of this plan's own mask and flag."""
+        own = mask_digest([(np.ascontiguousarray(self.startend_row_indices, dtype=np.int32), self.causal)])
+        return hashlib.sha256(self.layout.digest().encode() + own).hexdigest()
 
     def check_agreement(self) -> None:
         """Debug: all-gather a hash of the plan and raise RuntimeError if ranks disagree."""
@@ -323,7 +343,8 @@ class CPPlan:
         got = self.comm.all_gather_ints([d])
         if any(g[0] != d for g in got):
             raise RuntimeError(f"CP plan differs across ranks (hash prefixes {[g[0] for g in got]}): the "
-                               f"ranks were given different masks, segment sizes or group sizes")
+                               f"ranks were given different masks (values or causal flags), segment sizes "
+                               f"or group sizes")
 
     def stats(self, bytes_per_token: Optional[int] = None) -> dict:
         """Load balance and communication of the layout (same numbers on every rank).
