@@ -238,9 +238,18 @@ class _AllOf:
 
 
 def default_communicator(group=None) -> Communicator:
-    """The CP group: ``group`` if given (a Paddle group or a Communicator); else fleet's hybrid sep
-    group when fleet is initialized with ``sep_degree > 1``; else the world (a single-rank
-    communicator when ``paddle.distributed`` is not initialized)."""
+    """The CP group.
+
+    ``group`` if given (a Paddle group or a Communicator). Else, when fleet is initialized
+    (``fleet.init``; PaddleFormers does it), fleet's context-parallel axis (``cp_degree``, which
+    PaddleFormers' ``context_parallel_size`` sets) or its ``sep`` axis, whichever is > 1; neither:
+    a group of one rank (each data-parallel rank keeps its own sequence; no exchange). Without
+    fleet, the world (a group of one rank when ``paddle.distributed`` is not initialized).
+
+    Raises:
+        TypeError: ``group`` is not a process group, a Communicator or None.
+        ValueError: fleet has both ``cp_degree`` and ``sep_degree`` > 1 and no ``group`` is given.
+    """
     if isinstance(group, Communicator):
         return group
     import paddle.distributed as dist  # noqa: PLC0415
@@ -250,15 +259,39 @@ def default_communicator(group=None) -> Communicator:
             raise TypeError(f"group must be a paddle.distributed process group, a Communicator or None, "
                             f"got {type(group).__name__}")
         return PaddleCommunicator(group)
-
-    try:
-        from paddle.distributed import fleet  # noqa: PLC0415
-
-        hcg = fleet.get_hybrid_communicate_group()
-        if hcg is not None and hcg.get_sep_parallel_world_size() > 1:
+    hcg = _fleet_hcg()
+    if hcg is not None:
+        get_cp_size = getattr(hcg, "get_context_parallel_world_size", None)  # absent in older Paddle
+        axis = fleet_cp_axis(get_cp_size() if get_cp_size else 1, hcg.get_sep_parallel_world_size())
+        if axis == "cp":
+            return PaddleCommunicator(hcg.get_context_parallel_group())
+        if axis == "sep":
             return PaddleCommunicator(hcg.get_sep_parallel_group())
-    except Exception:  # noqa: BLE001 - fleet not initialized / no sep axis
-        pass
+        return PlanOnlyCommunicator(0, 1)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return PlanOnlyCommunicator(0, 1)
     return PaddleCommunicator(None)
+
+
+def fleet_cp_axis(cp_degree: int, sep_degree: int):
+    """Which of fleet's axes carries context parallelism: ``"cp"``, ``"sep"`` or None (neither > 1).
+
+    Raises:
+        ValueError: both are > 1 (pass ``group=`` to choose).
+    """
+    if cp_degree > 1 and sep_degree > 1:
+        raise ValueError(f"fleet has both cp_degree ({cp_degree}) and sep_degree ({sep_degree}) > 1: pass "
+                         f"group= (e.g. hcg.get_context_parallel_group()) to say which axis the CP plan uses")
+    if cp_degree > 1:
+        return "cp"
+    return "sep" if sep_degree > 1 else None
+
+
+def _fleet_hcg():
+    """Fleet's HybridCommunicateGroup, or None when fleet is not initialized."""
+    try:
+        from paddle.distributed import fleet  # noqa: PLC0415
+
+        return fleet.get_hybrid_communicate_group()
+    except (ImportError, AssertionError, AttributeError):  # fleet asserts that it was initialized
+        return None

@@ -392,8 +392,9 @@ def make_cp_plan(startend_row_indices, *, causal: bool, group=None, segment_size
         startend_row_indices: the **global** mask, int32 ``[B, H_mask, S, C]`` (numpy or paddle),
             identical on every rank; self-attention (``S_q == S_k == S``).
         causal: its causal flag.
-        group: a Paddle process group, a :class:`Communicator`, or None (fleet's hybrid sep group
-            when fleet is initialized with ``sep_degree > 1``, else the world).
+        group: a Paddle process group, a :class:`Communicator`, or None: with fleet initialized,
+            its ``cp_degree`` or ``sep_degree`` axis, whichever is > 1 (neither: a plan of one rank,
+            no exchange); without fleet, the world (:func:`comm.default_communicator`).
         segment_size: tokens per segment (default :func:`default_segment_size`). ``S`` must be
             divisible by ``P * segment_size``.
         debug: all-gather a plan hash and check that every rank built the same plan (default: the
@@ -403,7 +404,8 @@ def make_cp_plan(startend_row_indices, *, causal: bool, group=None, segment_size
         :class:`CPPlan`.
 
     Raises:
-        TypeError / ValueError: bad mask, sizes not divisible; RuntimeError: ranks disagree (debug).
+        TypeError / ValueError: bad mask, sizes not divisible, fleet with both ``cp_degree`` and
+        ``sep_degree`` > 1 and no ``group``; RuntimeError: ranks disagree (debug).
     """
     comm = default_communicator(group)
     sri = _check_mask(startend_row_indices, causal)
