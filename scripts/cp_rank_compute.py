@@ -14,12 +14,14 @@ For each mask family, total tokens S (batch 1) and CP degree P, two splits of th
 - ``zigzag``: ring attention's split, 2P equal chunks, rank r holding chunks r and 2P-1-r, attending
   to every KV chunk its mask needs (the same ``CPPlan`` machinery with the zigzag segments).
 
-A rank's share is what ``paddle_fm3.distributed.executor`` computes: forward, one
-``kernels.flashmask_fwd`` of its queries on its local KV, then one per peer on the KV received
-from it (localized non-causal C=4 masks), partial results merged by log-sum-exp in fp32;
-backward, one ``kernels.flashmask_bwd`` per KV chunk with the merged out/lse (dQ summed in fp32,
-dK/dV in fp32, the partial dK/dV of its keys sent back by peers folded in with ``index_add``).
-Times are CUDA-event medians of ``--reps`` runs after ``--warmup``.
+A rank's share is ``paddle_fm3.distributed.step`` (the CP step Paddle users run, here with the
+Hopper kernels as its backend): forward, one ``kernels.flashmask_fwd`` of its queries on its local
+KV, then one per peer on the KV received from it (localized non-causal C=4 masks), partial results
+merged by log-sum-exp in fp32; backward, one ``kernels.flashmask_bwd`` per KV chunk with the merged
+out/lse (dQ summed in fp32, dK/dV in fp32, the partial dK/dV of its keys sent back by peers folded
+in with ``index_add``). The exchange is a :class:`Loopback`: the KV a peer would send is copied into
+the receive buffers, the partial dK/dV sent back are kept for the check (and peers' are zeros in
+the timing). Times are CUDA-event medians of ``--reps`` runs after ``--warmup``.
 
 Reported: per rank forward ms, forward+backward ms, visible pairs (not-fully-masked 128x128
 (query tile, key block) pairs, the planner's workload); per (family, S, P) and split, max/mean of
@@ -45,7 +47,8 @@ import numpy as np
 if importlib.util.find_spec("paddle_fm3") is None:  # not installed / not on PYTHONPATH: this checkout
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 from paddle_fm3 import masks  # noqa: E402
-from paddle_fm3.distributed.comm import PlanOnlyCommunicator  # noqa: E402
+from paddle_fm3.distributed import step  # noqa: E402
+from paddle_fm3.distributed.comm import Communicator, Pending, PlanOnlyCommunicator  # noqa: E402
 from paddle_fm3.distributed.plan import CPPlan, build_layout  # noqa: E402
 
 SCHEMES = ("ours", "zigzag")
@@ -73,7 +76,7 @@ def layouts(sri: np.ndarray, causal: bool, num_ranks: int) -> dict:
 def rank_shares(layout, sri: np.ndarray, causal: bool) -> list:
     """Every rank's share of one CP step, as the executor computes it.
 
-    Returns one dict per rank: ``q_rows`` int64 ``[L]`` (global rows of its queries, also of its
+    Returns one dict per rank: ``plan`` (its :class:`CPPlan`, without a process group); ``q_rows`` int64 ``[L]`` (global rows of its queries, also of its
     local KV); ``calls``: ``[(kv_rows int64 [L_k], mask int32 [B, H_mask, L_k, 4])]``, the local KV
     first, then the KV received from each peer (global key rows; the rank's localized mask over
     them, non-causal); ``grads_in``: int64 local row indices of the partial dK/dV each peer sends
@@ -84,7 +87,7 @@ def rank_shares(layout, sri: np.ndarray, causal: bool) -> list:
         plan = CPPlan(layout, sri, causal, PlanOnlyCommunicator(r, layout.num_ranks))
         calls = [(plan.kv_rows(src), np.ascontiguousarray(plan.local_mask[:, :, plan.kv_rows(src), :]))
                  for src in ["local"] + plan.recv_peers]
-        shares.append(dict(rank=r, q_rows=plan.kv_rows("local"), calls=calls,
+        shares.append(dict(rank=r, plan=plan, q_rows=plan.kv_rows("local"), calls=calls,
                            grads_in=[plan.send_rows(p) for p in plan.send_peers], pairs=int(loads[r])))
     return shares
 
@@ -94,7 +97,7 @@ def max_over_mean(x) -> float:
     return float(x.max() / x.mean()) if x.size and x.mean() > 0 else 1.0
 
 
-# ---- one rank on the GPU (torch) -----------------------------------------------------------
+# ---- torch attention backends of the CP step ------------------------------------------------
 
 def lse_merge(o1, l1, o2, l2):
     """``executor._lse_merge`` in torch. o: fp32 ``[B, L, H, D]``; l: fp32 ``[B, H, L]`` (natural
@@ -110,60 +113,192 @@ def lse_merge(o1, l1, o2, l2):
     return o1 * w1 + o2 * w2, torch.where(none, mx, shift + torch.log(tot))
 
 
+class TorchTensorOps:
+    """The tensor operations of ``step.AttentionBackend`` in torch."""
+
+    def index(self, rows, like):
+        import torch
+
+        return torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(like.device)
+
+    def take_rows(self, x, index):
+        return x.index_select(1, index)
+
+    def cat_last(self, a, b):
+        import torch
+
+        return torch.cat([a, b], -1)
+
+    def split_last(self, x, d):
+        return x[..., :d].contiguous(), x[..., d:].contiguous()
+
+    def empty(self, shape, like, float32=False):
+        import torch
+
+        return torch.empty(tuple(shape), dtype=torch.float32 if float32 else like.dtype, device=like.device)
+
+    def zeros_f32(self, shape, like):
+        import torch
+
+        return torch.zeros(tuple(shape), dtype=torch.float32, device=like.device)
+
+    def f32(self, x):
+        return x.float()
+
+    def cast_like(self, x, like):
+        return x.to(like.dtype)
+
+    def index_add_rows(self, x, index, src):
+        return x.index_add_(1, index, src)
+
+    def lse_merge(self, o1, l1, o2, l2):
+        return lse_merge(o1, l1, o2, l2)
+
+
+class HopperBackend(TorchTensorOps, step.AttentionBackend):
+    """``paddle_fm3.kernels.flashmask_fwd/bwd`` on the current CUDA stream."""
+
+    name = "hopper"
+
+    def __init__(self, device):
+        import torch
+
+        from paddle_fm3 import kernels
+
+        self.torch, self.kernels, self.device = torch, kernels, device
+
+    def mask(self, sri: np.ndarray, causal: bool, seqlen_q: int):
+        return self.torch.from_numpy(np.ascontiguousarray(sri, dtype=np.int32)).to(self.device), bool(causal)
+
+    def prepare_mask(self, local_mask, seqlen_q):
+        return self.mask(local_mask, False, seqlen_q)
+
+    def fwd(self, q, k, v, mask, scale):
+        torch = self.torch
+        sri, causal = mask
+        out, lse = torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
+        self.kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal, softmax_scale=scale,
+                                   stream=torch.cuda.current_stream().cuda_stream)
+        return out, lse
+
+    def bwd(self, q, k, v, out, lse, dout, mask, scale):
+        torch = self.torch
+        sri, causal = mask
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self.kernels.flashmask_bwd(q, k, v, out, lse, dout, sri, dq, dk, dv, causal=causal, softmax_scale=scale,
+                                   stream=torch.cuda.current_stream().cuda_stream)
+        return dq, dk, dv
+
+
+class ReferenceBackend(TorchTensorOps, step.AttentionBackend):
+    """Exact dense attention in torch fp32 (CPU): the same outputs as the kernels (out; lse natural
+    log, -inf for rows that see no key, whose out and gradients are 0; dq, dk, dv with GQA groups
+    summed). The visibility comes from :func:`paddle_fm3.masks.to_dense`."""
+
+    name = "reference"
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.device = torch, device
+
+    def mask(self, sri: np.ndarray, causal: bool, seqlen_q: int):
+        return self.torch.from_numpy(masks.to_dense(sri, bool(causal), seqlen_q)).to(self.device)  # [B,Hm,Lq,Lk]
+
+    def prepare_mask(self, local_mask, seqlen_q):
+        return self.mask(local_mask, False, seqlen_q)
+
+    def _scores(self, q, k, v, vis, scale):
+        torch = self.torch
+        h, hk = q.shape[2], k.shape[2]
+        g = h // hk
+        kh, vh = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
+        if vis.shape[1] not in (1, h):  # H_mask == H_k: query head h uses mask head h // g
+            vis = vis.repeat_interleave(g, dim=1)
+        s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kh.float()) * scale
+        return s.masked_fill(~vis, float("-inf")), kh.float(), vh.float(), g
+
+    def fwd(self, q, k, v, vis, scale):
+        torch = self.torch
+        s, _, vh, _ = self._scores(q, k, v, vis, scale)
+        lse = torch.logsumexp(s, dim=-1)  # -inf where the row sees nothing
+        p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.exp(s - lse[..., None]))
+        return torch.einsum("bhqk,bkhd->bqhd", p, vh).to(q.dtype), lse.contiguous()
+
+    def bwd(self, q, k, v, out, lse, dout, vis, scale):
+        torch = self.torch
+        s, kh, vh, g = self._scores(q, k, v, vis, scale)
+        # with the merged (out, lse) of the whole row, each KV chunk's gradients are exact partials
+        p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.exp(s - lse[..., None]))
+        do = dout.float()
+        dv_h = torch.einsum("bhqk,bqhd->bkhd", p, do)
+        dp = torch.einsum("bqhd,bkhd->bhqk", do, vh)
+        delta = (do * out.float()).sum(-1).transpose(1, 2)[..., None]  # rowsum(dO * O): [B, H, Lq, 1]
+        ds = p * (dp - delta)
+        dq = torch.einsum("bhqk,bkhd->bqhd", ds, kh) * scale
+        dk_h = torch.einsum("bhqk,bqhd->bkhd", ds, q.float()) * scale
+        b, lk, hk, d = k.shape
+        return (dq.to(q.dtype), dk_h.reshape(b, lk, hk, g, d).sum(3).to(k.dtype),
+                dv_h.reshape(b, lk, hk, g, d).sum(3).to(v.dtype))
+
+
+# ---- one rank on the GPU (torch) -----------------------------------------------------------
+
+class Loopback(Communicator):
+    """One rank's exchanges without the other ranks (they run later on the same device): in
+    forward the KV each peer would send (``kv_from[p]``) is copied into the receive buffers; in
+    backward the partial dK/dV this rank sends back are kept (``grad_sends``) and the peers' are
+    zeros. Call 0 of :meth:`exchange` is the forward one, call 1 the backward one."""
+
+    def __init__(self, rank, world_size, kv_from):
+        self.rank, self.world_size, self.kv_from = rank, world_size, kv_from
+        self.calls, self.grad_sends = 0, []
+
+    def exchange(self, sends, recvs):
+        if self.calls % 2 == 0:
+            for p, buf in recvs:
+                buf.copy_(self.kv_from[p])
+        else:
+            self.grad_sends = list(sends)
+            for _, buf in recvs:
+                buf.zero_()
+        self.calls += 1
+        return Pending([], [])
+
+    def all_gather(self, tensor):
+        raise RuntimeError("Loopback has no collectives")
+
+
 class RankInputs:
-    """One rank's tensors on the GPU, gathered from the global ``q, k, v, dout`` ``[B, S, H(_k), D]``."""
+    """One rank's tensors on the GPU, gathered from the global ``q, k, v, dout`` ``[B, S, H(_k), D]``,
+    and its :class:`Loopback` exchange."""
 
     def __init__(self, share, q, k, v, dout):
         import torch
 
-        def idx(rows):
-            return torch.from_numpy(rows).to(q.device)
-
-        self.q_idx = idx(share["q_rows"])
-        self.q, self.dout = q.index_select(1, self.q_idx), dout.index_select(1, self.q_idx)
-        self.calls = [(k.index_select(1, idx(rows)), v.index_select(1, idx(rows)),
-                       torch.from_numpy(m).to(q.device), idx(rows)) for rows, m in share["calls"]]
-        b, _, hk, d = k.shape
-        self.grads_in = [(idx(rows), torch.zeros(b, len(rows), hk, 2 * d, device=q.device)) for rows in share["grads_in"]]
-
-
-def forward(x: RankInputs, scale: float, stream: int):
-    """The executor's forward: one kernel call per KV chunk, LSE-merged. -> (out [B, L, H, D] in
-    q's dtype, lse fp32 [B, H, L])."""
-    import torch
-
-    from paddle_fm3 import kernels
-
-    b, L, h, _ = x.q.shape
-    acc = lse = None
-    for kc, vc, m, _ in x.calls:
-        o, l = torch.empty_like(x.q), torch.empty(b, h, L, device=x.q.device)
-        kernels.flashmask_fwd(x.q, kc, vc, m, o, l, causal=False, softmax_scale=scale, stream=stream)
-        acc, lse = (o.float(), l) if acc is None else lse_merge(acc, lse, o.float(), l)
-    return acc.to(x.q.dtype), lse.contiguous()
+        plan = share["plan"]
+        self.plan = plan
+        self.q_idx = torch.from_numpy(plan.kv_rows("local")).to(q.device)
+        self.q, self.k, self.v, self.dout = (x.index_select(1, self.q_idx) for x in (q, k, v, dout))
+        kv = torch.cat([k, v], -1)
+        self.comm = Loopback(plan.rank, plan.layout.num_ranks,
+                             {p: kv.index_select(1, torch.from_numpy(plan.kv_rows(p)).to(q.device))
+                              for p in plan.recv_peers})
 
 
-def backward(x: RankInputs, out, lse, scale: float, stream: int):
-    """The executor's backward. -> (dq fp32 [B, L, H, D], [(kv_idx, dkv fp32 [B, L_k, H_k, 2D])]
-    per KV chunk, remote chunks first; the local chunk's includes the folded-in ``grads_in``)."""
-    import torch
-
-    from paddle_fm3 import kernels
-
-    dq = torch.zeros(x.q.shape, device=x.q.device)
-    dkvs = []
-    for kc, vc, m, rows in x.calls[1:] + x.calls[:1]:  # remote partials first, as the executor
-        dq_c, dk, dv = torch.empty_like(x.q), torch.empty_like(kc), torch.empty_like(vc)
-        kernels.flashmask_bwd(x.q, kc, vc, out, lse, x.dout, m, dq_c, dk, dv, causal=False,
-                              softmax_scale=scale, stream=stream)
-        dq += dq_c.float()
-        dkvs.append((rows, torch.cat([dk.float(), dv.float()], -1)))
-    for idx, buf in x.grads_in:  # the owner adds the partial dK/dV its peers send back
-        dkvs[-1][1].index_add_(1, idx, buf)
-    return dq, dkvs
+def forward(x: RankInputs, backend, scale: float):
+    """The CP step's forward (``step.forward``). -> (out [B, L, H, D] in q's dtype, lse fp32
+    [B, H, L], the received KV)."""
+    return step.forward(x.plan, backend, x.q, x.k, x.v, scale, comm=x.comm)
 
 
-def time_rank(x: RankInputs, scale: float, stream: int, warmup: int, reps: int):
+def backward(x: RankInputs, backend, out, lse, remote, scale: float):
+    """The CP step's backward (``step.backward``). -> (dq fp32 [B, L, H, D], dkv fp32 [B, L, H_k, 2D]
+    of the rank's keys; the partial dK/dV sent to peers are in ``x.comm.grad_sends``)."""
+    return step.backward(x.plan, backend, x.q, x.k, x.v, out, lse, x.dout, remote, scale, comm=x.comm)
+
+
+def time_rank(x: RankInputs, backend, scale: float, warmup: int, reps: int):
     """Median forward ms and forward+backward ms of the rank's share (CUDA events)."""
     import torch
 
@@ -171,9 +306,9 @@ def time_rank(x: RankInputs, scale: float, stream: int, warmup: int, reps: int):
     for i in range(warmup + reps):
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         ev[0].record()
-        out, lse = forward(x, scale, stream)
+        out, lse, remote = forward(x, backend, scale)
         ev[1].record()
-        backward(x, out, lse, scale, stream)
+        backward(x, backend, out, lse, remote, scale)
         ev[2].record()
         ev[2].synchronize()
         if i >= warmup:
@@ -236,6 +371,7 @@ def check(args, family: str) -> dict:
     dq_ref, dk_ref, dv_ref = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     kernels.flashmask_bwd(q, k, v, out_ref, lse_ref, dout, sri, dq_ref, dk_ref, dv_ref, causal=fm.causal,
                           softmax_scale=scale, stream=stream)
+    backend = HopperBackend(q.device)
     res = {}
     for scheme, (lay, _) in layouts(fm.startend_row_indices, fm.causal, p).items():
         out, lse = torch.empty_like(out_ref), torch.empty_like(lse_ref)
@@ -243,11 +379,12 @@ def check(args, family: str) -> dict:
         dkv = torch.zeros(*k.shape[:3], 2 * k.shape[3], device=q.device)
         for share in rank_shares(lay, fm.startend_row_indices, fm.causal):
             x = RankInputs(share, q, k, v, dout)
-            o, l = forward(x, scale, stream)
-            dq_r, dkvs = backward(x, o, l, scale, stream)
+            o, l, remote = forward(x, backend, scale)
+            dq_r, dkv_r = backward(x, backend, o, l, remote, scale)
             out[:, x.q_idx], lse[:, :, x.q_idx], dq[:, x.q_idx] = o, l, dq_r
-            for rows, d in dkvs:
-                dkv.index_add_(1, rows, d)
+            dkv.index_add_(1, x.q_idx, dkv_r)
+            for peer, part in x.comm.grad_sends:  # what the owners of those keys receive and add
+                dkv.index_add_(1, torch.from_numpy(x.plan.kv_rows(peer)).to(q.device), part)
         d = k.shape[3]
         r = compare((out, lse, dq, dkv[..., :d], dkv[..., d:]), (out_ref, lse_ref, dq_ref, dk_ref, dv_ref))
         res[scheme] = r
@@ -335,7 +472,7 @@ def main(argv=None):
         import torch
 
         result["device"] = torch.cuda.get_device_name()
-        stream = torch.cuda.current_stream().cuda_stream
+        backend = HopperBackend(torch.device("cuda", torch.cuda.current_device()))
         if not args.no_check:
             result["check"] = {f: check(args, f) for f in args.families}
     t_start = time.perf_counter()
@@ -352,8 +489,8 @@ def main(argv=None):
                                  q_tokens=len(share["q_rows"]), calls=len(share["calls"]),
                                  kv_tokens=int(sum(len(rows) for rows, _ in share["calls"])), pairs=share["pairs"])
                         if timed:
-                            x["fwd_ms"], x["fwdbwd_ms"] = time_rank(RankInputs(share, *qkvd), args.head_dim ** -0.5,
-                                                                    stream, args.warmup, args.reps)
+                            x["fwd_ms"], x["fwdbwd_ms"] = time_rank(RankInputs(share, *qkvd), backend,
+                                                                    args.head_dim ** -0.5, args.warmup, args.reps)
                         per_rank.append(x)
                         print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in x.items()),
                               flush=True)

@@ -13,12 +13,13 @@ Every rank builds the same global ``q, k, v, dout`` (batch 1; same seed, then br
 forward + backward step under each scheme:
 
 - ``ours``: the plan of ``paddle_fm3.distributed`` (``build_layout``: HCC-IPO balanced segments;
-  ``CPPlan``: localized mask, pruned KV exchange). Forward as ``executor.py``: the needed KV
-  segments (K and V packed) posted with ``TorchCommunicator.exchange`` (one
-  ``batch_isend_irecv``), attention on the local KV while they are in flight, each received chunk
-  folded in by log-sum-exp merge (fp32); the remote KV is kept. Backward: dK/dV partials of the
-  remote chunks first, sent back (fp32) to their owners with a second exchange while the local
-  chunk's backward runs; owners add them with ``index_add``.
+  ``CPPlan``: localized mask, pruned KV exchange) run by ``paddle_fm3.distributed.step``, the CP
+  step Paddle users run, with these kernels as its backend: the needed KV segments (K and V packed)
+  posted with ``TorchCommunicator.exchange`` (one ``batch_isend_irecv``), attention on the local
+  KV while they are in flight, each received chunk folded in by log-sum-exp merge (fp32); the
+  remote KV is kept. Backward: dK/dV partials of the remote chunks first, sent back (fp32) to their
+  owners with a second exchange while the local chunk's backward runs; owners add them with
+  ``index_add``.
 - ``zigzag``: ring attention on the dual-chunk split (2P chunks, rank r holds r and 2P-1-r).
   Forward: P steps; at each, the current KV goes to rank r+1 and the next arrives from r-1
   (``batch_isend_irecv``, K and V) while the current chunk's attention runs (every step runs the
@@ -31,7 +32,9 @@ forward + backward step under each scheme:
 Per scheme and rank, three timed variants, each the median of ``--reps`` after ``--warmup``
 (CUDA events around the whole step after a barrier; host clock on CPU): ``step`` (as above),
 ``compute`` (the same kernel calls, merges and adds, and ours' packing of the KV it sends, with
-the KV and gradients already in place, no communication) and ``comm`` (the same communication with ready buffers, no compute). Reported
+the KV and gradients already in place, no communication; ours copies the last step's received
+buffers in) and ``comm`` (the same communication with ready buffers, no compute; ours still packs
+what it sends). Reported
 per scheme: max (and mean) over ranks of forward and forward+backward ms, the hidden share of the
 communication ``1 - (step - compute) / comm`` (max-over-ranks times; about 0 for allgather, which
 does not overlap), bytes sent per rank per step (p2p: the tensors posted; collectives: the ring
@@ -62,6 +65,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cp_rank_compute as crc  # noqa: E402  (also puts this checkout on sys.path when needed)
 from paddle_fm3 import masks  # noqa: E402
+from paddle_fm3.distributed import step  # noqa: E402
+from paddle_fm3.distributed.comm import Communicator, Pending  # noqa: E402
 from paddle_fm3.distributed.plan import CPPlan  # noqa: E402
 
 SCHEMES = ("ours", "zigzag", "allgather")
@@ -69,87 +74,7 @@ MODES = ("step", "compute", "comm")
 DEFAULT_FAMILIES = ["causal_document", "document", "share_question", "causal"]
 
 
-# ---- attention backends --------------------------------------------------------------------
-
-class HopperBackend:
-    """``paddle_fm3.kernels.flashmask_fwd/bwd`` on the current CUDA stream."""
-
-    name = "hopper"
-
-    def __init__(self, device):
-        import torch
-
-        from paddle_fm3 import kernels
-
-        self.torch, self.kernels, self.device = torch, kernels, device
-
-    def mask(self, sri: np.ndarray, causal: bool, seqlen_q: int):
-        return self.torch.from_numpy(np.ascontiguousarray(sri, dtype=np.int32)).to(self.device), bool(causal)
-
-    def fwd(self, q, k, v, mask, scale):
-        torch = self.torch
-        sri, causal = mask
-        out, lse = torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device)
-        self.kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal, softmax_scale=scale,
-                                   stream=torch.cuda.current_stream().cuda_stream)
-        return out, lse
-
-    def bwd(self, q, k, v, out, lse, dout, mask, scale):
-        torch = self.torch
-        sri, causal = mask
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        self.kernels.flashmask_bwd(q, k, v, out, lse, dout, sri, dq, dk, dv, causal=causal, softmax_scale=scale,
-                                   stream=torch.cuda.current_stream().cuda_stream)
-        return dq, dk, dv
-
-
-class ReferenceBackend:
-    """Exact dense attention in torch fp32 (CPU): the same outputs as the kernels (out; lse natural
-    log, -inf for rows that see no key, whose out and gradients are 0; dq, dk, dv with GQA groups
-    summed). The visibility comes from :func:`paddle_fm3.masks.to_dense`."""
-
-    name = "reference"
-
-    def __init__(self, device):
-        import torch
-
-        self.torch, self.device = torch, device
-
-    def mask(self, sri: np.ndarray, causal: bool, seqlen_q: int):
-        return self.torch.from_numpy(masks.to_dense(sri, bool(causal), seqlen_q)).to(self.device)  # [B,Hm,Lq,Lk]
-
-    def _scores(self, q, k, v, vis, scale):
-        torch = self.torch
-        h, hk = q.shape[2], k.shape[2]
-        g = h // hk
-        kh, vh = k.repeat_interleave(g, dim=2), v.repeat_interleave(g, dim=2)
-        if vis.shape[1] not in (1, h):  # H_mask == H_k: query head h uses mask head h // g
-            vis = vis.repeat_interleave(g, dim=1)
-        s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kh.float()) * scale
-        return s.masked_fill(~vis, float("-inf")), kh.float(), vh.float(), g
-
-    def fwd(self, q, k, v, vis, scale):
-        torch = self.torch
-        s, _, vh, _ = self._scores(q, k, v, vis, scale)
-        lse = torch.logsumexp(s, dim=-1)  # -inf where the row sees nothing
-        p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.exp(s - lse[..., None]))
-        return torch.einsum("bhqk,bkhd->bqhd", p, vh).to(q.dtype), lse.contiguous()
-
-    def bwd(self, q, k, v, out, lse, dout, vis, scale):
-        torch = self.torch
-        s, kh, vh, g = self._scores(q, k, v, vis, scale)
-        # with the merged (out, lse) of the whole row, each KV chunk's gradients are exact partials
-        p = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.exp(s - lse[..., None]))
-        do = dout.float()
-        dv_h = torch.einsum("bhqk,bqhd->bkhd", p, do)
-        dp = torch.einsum("bqhd,bkhd->bhqk", do, vh)
-        delta = (do * out.float()).sum(-1).transpose(1, 2)[..., None]  # rowsum(dO * O): [B, H, Lq, 1]
-        ds = p * (dp - delta)
-        dq = torch.einsum("bhqk,bkhd->bqhd", ds, kh) * scale
-        dk_h = torch.einsum("bhqk,bqhd->bkhd", ds, q.float()) * scale
-        b, lk, hk, d = k.shape
-        return (dq.to(q.dtype), dk_h.reshape(b, lk, hk, g, d).sum(3).to(k.dtype),
-                dv_h.reshape(b, lk, hk, g, d).sum(3).to(v.dtype))
+HopperBackend, ReferenceBackend = crc.HopperBackend, crc.ReferenceBackend  # step.AttentionBackend in torch
 
 
 # ---- the schemes ---------------------------------------------------------------------------
@@ -216,80 +141,84 @@ class Scheme:
         return dist.batch_isend_irecv(ops) if ops else []
 
 
+class _Traffic(Communicator):
+    """``ctx.comm`` as the CP step sees it in one run of :class:`Ours`: counts the bytes sent, keeps
+    the received buffers of every exchange (``received``), or, with ``replay`` (the ``received`` of
+    a ``step`` run), communicates nothing and copies those buffers in (the ``compute`` variant)."""
+
+    def __init__(self, comm, replay=None):
+        self.comm, self.replay = comm, replay
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.sent, self.received = 0, []
+
+    def exchange(self, sends, recvs):
+        self.sent += sum(t.numel() * t.element_size() for _, t in sends)
+        if self.replay is not None:
+            for (_, buf), old in zip(recvs, self.replay[len(self.received)]):
+                buf.copy_(old)
+            self.received.append([buf for _, buf in recvs])
+            return Pending([], [])
+        self.received.append([buf for _, buf in recvs])
+        return self.comm.exchange(sends, recvs)
+
+    def all_gather(self, tensor):
+        return self.comm.all_gather(tensor)
+
+
+class _NoAttention:
+    """The ``comm`` variant's backend: the step's tensor operations (packing what is sent, the
+    fp32 casts) as ``backend``'s, attention and merges skipped (outputs: ready buffers)."""
+
+    def __init__(self, backend, q, k):
+        self.backend, self.name = backend, backend.name
+        self._bufs = {}
+        self._q, self._k = q, k
+
+    def __getattr__(self, attr):  # index, take_rows, cat_last, split_last, empty, zeros_f32, f32, ...
+        return getattr(self.backend, attr)
+
+    def _buf(self, like, shape=None):
+        shape = tuple(like.shape if shape is None else shape)
+        key = (shape, like.dtype)
+        if key not in self._bufs:
+            self._bufs[key] = like.new_zeros(shape)
+        return self._bufs[key]
+
+    def fwd(self, q, k, v, mask, scale):
+        b, lq, h, _ = q.shape
+        return self._buf(q), self._buf(q, (b, h, lq)).float()
+
+    def bwd(self, q, k, v, out, lse, dout, mask, scale):
+        return self._buf(q), self._buf(k), self._buf(v)
+
+    def lse_merge(self, o1, l1, o2, l2):
+        return o1, l1
+
+    def index_add_rows(self, x, index, src):
+        return x
+
+
 class Ours(Scheme):
-    def __init__(self, ctx, layout, fm, q, k, v, dout):
-        super().__init__(ctx, layout, fm, q, k, v, dout)
-        plan, lay, r = self.plan, layout, ctx.rank
-        c, (b, _, hk, d) = lay.segment_size, k.shape
-        self.masks = {src: self.local_mask(plan.kv_rows(src)) for src in ["local"] + plan.recv_peers}
-        self.send_idx = [(p, ctx.idx(plan.send_rows(p))) for p in plan.send_peers]
-        self.recv_shape = {p: (b, len(lay.recv[r][p]) * c, hk, 2 * d) for p in plan.recv_peers}
-        self.kv = ctx.torch.cat([self.k, self.v], -1)
+    """``paddle_fm3.distributed.step`` (what Paddle users run) with ``ctx.backend`` and
+    ``ctx.comm``: ``compute`` replays the received buffers of the last ``step`` run without
+    communicating; ``comm`` communicates with attention and merges skipped."""
 
     def run(self, mode, mark):
-        torch, ctx, plan, be, d = self.ctx.torch, self.ctx, self.plan, self.ctx.backend, self.d
-        comm_on, comp_on = mode != "compute", mode != "comm"
-        self.sent, last = 0, self.last
-        # forward: post the pruned KV exchange, local attention meanwhile, fold in each chunk
-        if comp_on:
-            sends = [(p, self.kv.index_select(1, i)) for p, i in self.send_idx]
-        else:
-            sends = last["sends"]
-        if comm_on:
-            recvs = [(p, torch.empty(self.recv_shape[p], dtype=self.k.dtype, device=ctx.device))
-                     for p in plan.recv_peers]
-            pending = ctx.comm.exchange(sends, recvs)
-            self.sent += sum(t.numel() * t.element_size() for _, t in sends)
-        else:
-            recvs, pending = last["recvs"], None
-        acc = lse = None
-        if comp_on:
-            o, l = be.fwd(self.q, self.k, self.v, self.masks["local"], ctx.scale)
-            acc, lse = self.merge(None, None, o, l)
-        remote = []
-        for i, (p, buf) in enumerate(recvs):
-            if pending is not None:
-                pending.wait_recv(i)
-            if comp_on:
-                kp, vp = buf[..., :d].contiguous(), buf[..., d:].contiguous()
-                o, l = be.fwd(self.q, kp, vp, self.masks[p], ctx.scale)
-                acc, lse = self.merge(acc, lse, o, l)
-                remote.append((p, kp, vp))
-        if pending is not None:
-            pending.wait_all()
-        out = acc.to(self.q.dtype) if comp_on else None
-        lse = lse.contiguous() if comp_on else None
+        ctx, be = self.ctx, self.ctx.backend
+        replay = self.last["received"] if mode == "compute" else None
+        comm = _Traffic(ctx.comm, replay)
+        if mode == "comm":
+            be = _NoAttention(be, self.q, self.k)
+        out, lse, remote = step.forward(self.plan, be, self.q, self.k, self.v, ctx.scale, comm=comm)
         mark()
-        # backward: remote partials first, sent back to their owners during the local backward
-        dq = dkv = None
-        if comp_on:
-            dq = torch.zeros(self.q.shape, device=ctx.device)
-            grad_sends = []
-            for p, kp, vp in remote:
-                dq_p, dk_p, dv_p = be.bwd(self.q, kp, vp, out, lse, self.dout, self.masks[p], ctx.scale)
-                dq += dq_p.float()
-                grad_sends.append((p, torch.cat([dk_p.float(), dv_p.float()], -1)))
-        else:
-            grad_sends = last["grad_sends"]
-        if comm_on:
-            grad_recvs = [(p, torch.empty((self.k.shape[0], len(i), self.k.shape[2], 2 * d), device=ctx.device))
-                          for p, i in self.send_idx]
-            pending = ctx.comm.exchange(grad_sends, grad_recvs)
-            self.sent += sum(t.numel() * t.element_size() for _, t in grad_sends)
-        else:
-            grad_recvs, pending = last["grad_recvs"], None
-        if comp_on:
-            dq_l, dk_l, dv_l = be.bwd(self.q, self.k, self.v, out, lse, self.dout, self.masks["local"], ctx.scale)
-            dq += dq_l.float()
-            dkv = torch.cat([dk_l.float(), dv_l.float()], -1)
-        if pending is not None:
-            pending.wait_all()
-        if comp_on:
-            for (p, buf), (_, i) in zip(grad_recvs, self.send_idx):
-                dkv.index_add_(1, i, buf)
+        dq, dkv = step.backward(self.plan, be, self.q, self.k, self.v, out, lse, self.dout, remote, ctx.scale,
+                                comm=comm)
+        self.sent = comm.sent
         if mode == "step":
-            self.last = dict(sends=sends, recvs=recvs, grad_sends=grad_sends, grad_recvs=grad_recvs)
-        return out, lse, dq, dkv
+            self.last = dict(received=comm.received)
+        if mode == "comm":
+            return None, None, None, None
+        return out, lse.contiguous(), dq, dkv
 
 
 class Zigzag(Scheme):

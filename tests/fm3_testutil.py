@@ -38,3 +38,34 @@ def rel_err(actual, expected):
     assert not np.isnan(actual).any(), "NaN in kernel result (unwritten or invalid elements)"
     scale = max(np.abs(expected).max(initial=0.0), 1.0)
     return np.abs(actual - expected).max(initial=0.0) / scale
+
+
+def launch_cp_workers(worker, nproc, out_dir, timeout, args=()):
+    """Run ``python -m paddle.distributed.launch --nproc_per_node nproc worker out_dir *args`` (CPU,
+    gloo) under a wall-clock ``timeout``; return every rank's records (``out_dir/rank{r}.json``,
+    concatenated). Fails the test on a timeout or a non-zero exit, with the ranks' log tails."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    import pytest
+
+    out_dir = pathlib.Path(out_dir)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # the worker finds the installed package (or this checkout)
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
+           "--log_dir", str(out_dir / "log"), str(worker), str(out_dir), *map(str, args)]
+    try:
+        proc = subprocess.run(cmd, cwd=str(root), env=env, capture_output=True, text=True,
+                              timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{pathlib.Path(worker).name} with {nproc} ranks timed out after {timeout}s: {e}")
+    logs = "".join(p.read_text()[-3000:] for p in sorted((out_dir / "log").glob("workerlog.*")))
+    assert proc.returncode == 0, (f"launch failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                                  f"{proc.stderr[-3000:]}\n{logs}")
+    res = []
+    for r in range(nproc):
+        res += json.loads((out_dir / f"rank{r}.json").read_text())
+    return res

@@ -345,3 +345,21 @@ def test_cp_planning_rejects_bad_input():
             build_layout(sri, True, 2, 64, segments=bad)
     lay = build_layout(sri, True, 2, 64, segments=[[0, 3], [1, 2]])
     assert lay.owner.tolist() == [0, 1, 1, 0]
+
+
+def test_digest_sees_mask_values_and_causal():
+    """Masks that differ only where no segment's workload or visibility changes still give
+    different digests (the debug agreement check must see them), and so does the causal flag."""
+    sri = masks.causal(256).startend_row_indices
+    other = sri.copy()
+    other[0, 0, 0, 0] = 255  # row 255 no longer sees key 0: its tile still sees the block
+    a, b = build_layout(sri, True, 4, 32), build_layout(other, True, 4, 32)
+    assert np.array_equal(a.segments, b.segments) and np.array_equal(a.needed, b.needed)
+    assert np.array_equal(a.weights, b.weights)
+    assert a.digest() != b.digest()
+    pa = CPPlan(a, sri, True, PlanOnlyCommunicator(0, 4))
+    pb = CPPlan(a, other, True, PlanOnlyCommunicator(0, 4))  # same layout object, another mask
+    assert pa.digest() != pb.digest()
+    two = np.full((1, 1, 256, 2), 256, np.int32)  # valid with either flag: the flag alone differs
+    assert (CPPlan(a, two, True, PlanOnlyCommunicator(0, 4)).digest()
+            != CPPlan(a, two, False, PlanOnlyCommunicator(0, 4)).digest())

@@ -8,13 +8,10 @@ the segment size, a clear ValueError when S is not divisible by P * segment_size
 sharing one dispatch.
 """
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+from fm3_testutil import launch_cp_workers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "cp" / "cp_worker.py"
@@ -24,24 +21,9 @@ _RESULTS = {}
 
 
 def _launch(nproc, tmp_path_factory):
-    if nproc in _RESULTS:
-        return _RESULTS[nproc]
-    out = tmp_path_factory.mktemp(f"cp{nproc}")
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # the worker finds the installed package (or this checkout)
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-           "--log_dir", str(out / "log"), str(WORKER), str(out)]
-    try:
-        proc = subprocess.run(cmd, cwd=str(ROOT), env=env, capture_output=True, text=True,
-                              timeout=LAUNCH_TIMEOUT, start_new_session=True)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"CP launch with {nproc} ranks timed out after {LAUNCH_TIMEOUT}s: {e}")
-    logs = "".join(p.read_text()[-3000:] for p in sorted((out / "log").glob("workerlog.*")))
-    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{logs}"
-    res = []
-    for r in range(nproc):
-        res += json.loads((out / f"rank{r}.json").read_text())
-    _RESULTS[nproc] = res
-    return res
+    if nproc not in _RESULTS:
+        _RESULTS[nproc] = launch_cp_workers(WORKER, nproc, tmp_path_factory.mktemp(f"cp{nproc}"), LAUNCH_TIMEOUT)
+    return _RESULTS[nproc]
 
 
 @pytest.fixture(scope="module", params=[2, 4])

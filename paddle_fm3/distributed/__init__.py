@@ -3,7 +3,7 @@
 Usage (every rank holds the same global mask; no communication to plan)::
 
     from paddle_fm3 import distributed as fm3dist
-    plan = fm3dist.make_cp_plan(startend_row_indices, causal=True)   # group: fleet sep group / world
+    plan = fm3dist.make_cp_plan(startend_row_indices, causal=True)   # group: fleet's cp / sep axis, else the world
     q_l, k_l, v_l = plan.dispatch(q), plan.dispatch(k), plan.dispatch(v)
     out_l = fm3dist.cp_flashmask_attention(q_l, k_l, v_l, plan)
     out = plan.undispatch(out_l)      # global order on every rank

@@ -55,7 +55,11 @@ class Communicator(abc.ABC):
     def exchange(self, sends: Sequence[Tuple[int, object]], recvs: Sequence[Tuple[int, object]]) -> Pending:
         """Post all point-to-point ``sends`` (peer, tensor) and ``recvs`` (peer, preallocated tensor)
         at once, without blocking; at most one message per direction per peer. Every rank must
-        post the matching operations in the same call (both ends derive them from the plan)."""
+        post the matching operations in the same call (both ends derive them from the plan).
+
+        Every rank of the group calls ``exchange`` at the same points of the step, also a rank
+        with nothing to send or receive: a backend may implement it with collectives (Paddle's
+        gloo) or need the whole group at its first call (NCCL creates the group's communicator)."""
 
     @abc.abstractmethod
     def all_gather(self, tensor) -> List:
@@ -118,21 +122,22 @@ class PaddleCommunicator(Communicator):
 
     def exchange(self, sends, recvs):
         dist = self._dist
+        if self.backend != "NCCL":
+            # gloo (CPU): Paddle 3.3's ProcessGroupGloo has no batched p2p and no all-to-all, and
+            # its isend/irecv block until matched and deadlock on irregular patterns (measured:
+            # pairwise and shift-round schedules with barriers both time out at 4 ranks). So on
+            # gloo the exchange is two all-gathers, which every rank joins, idle or not: the [P]
+            # per-destination element counts of every rank, then every rank's outgoing messages
+            # (fp32, concatenated by destination, padded to the largest rank). Each rank cuts its
+            # own messages out. Same result; P x the bytes (CPU CI only).
+            return self._exchange_by_all_gather(sends, recvs)
+        _join_group_once(self)
         if not sends and not recvs:
             return Pending([], [])
-        if self.backend == "NCCL":
-            ops = [dist.P2POp(dist.isend, t, self._global[p], self.group) for p, t in sends]
-            ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group) for p, t in recvs]
-            tasks = dist.batch_isend_irecv(ops)
-            return Pending(tasks[:len(sends)], tasks[len(sends):])
-        # gloo (CPU): Paddle 3.3's ProcessGroupGloo has no batched p2p and no all-to-all, and its
-        # isend/irecv block until matched and deadlock on irregular patterns (measured: pairwise
-        # and shift-round schedules with barriers both time out at 4 ranks). So on gloo the
-        # exchange is two all-gathers: the [P] per-destination element counts of every rank, then
-        # every rank's outgoing messages (fp32, concatenated by destination, padded to the largest
-        # rank). Each rank cuts its own messages out. Same result; P x the bytes (CPU CI only).
-        return self._exchange_by_all_gather(sends, recvs)
-        return Pending([], [])
+        ops = [dist.P2POp(dist.isend, t, self._global[p], self.group) for p, t in sends]
+        ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group) for p, t in recvs]
+        tasks = dist.batch_isend_irecv(ops)
+        return Pending(tasks[:len(sends)], tasks[len(sends):])
 
     def _exchange_by_all_gather(self, sends, recvs):
         import numpy as np  # noqa: PLC0415
@@ -187,6 +192,7 @@ class TorchCommunicator(Communicator):
 
     def exchange(self, sends, recvs):
         d = self._dist
+        _join_group_once(self)
         ops = [d.P2POp(d.isend, t, self._global[p], self.group) for p, t in sends]
         ops += [d.P2POp(d.irecv, t, self._global[p], self.group) for p, t in recvs]
         if not ops:
@@ -209,19 +215,14 @@ class TorchCommunicator(Communicator):
         return [x.cpu().tolist() for x in self.all_gather(t)]
 
 
-def _round_robin_partners(rank: int, world_size: int) -> list:
-    """This rank's partner in each round of the circle-method round robin (None: idle round)."""
-    n = world_size + (world_size % 2)  # a dummy rank n-1 when odd
-    out = []
-    for t in range(n - 1):
-        if rank == n - 1:
-            partner = t
-        elif rank == t:
-            partner = n - 1
-        else:
-            partner = (2 * t - rank) % (n - 1)
-        out.append(None if partner >= world_size or partner == rank else partner)
-    return out
+def _join_group_once(comm: Communicator) -> None:
+    """Before a communicator's first point-to-point batch, one collective of the whole group (every
+    rank calls ``exchange``, idle or not): ``batch_isend_irecv`` as the first operation on an NCCL
+    group needs every rank of the group (torch.distributed documents it; Paddle's coalesced NCCL
+    p2p creates the group's communicator there too), and later batches may then leave ranks out."""
+    if not getattr(comm, "_joined", False):
+        comm.all_gather_ints([0])
+        comm._joined = True
 
 
 class _AllOf:
@@ -237,9 +238,18 @@ class _AllOf:
 
 
 def default_communicator(group=None) -> Communicator:
-    """The CP group: ``group`` if given (a Paddle group or a Communicator); else fleet's hybrid sep
-    group when fleet is initialized with ``sep_degree > 1``; else the world (a single-rank
-    communicator when ``paddle.distributed`` is not initialized)."""
+    """The CP group.
+
+    ``group`` if given (a Paddle group or a Communicator). Else, when fleet is initialized
+    (``fleet.init``; PaddleFormers does it), fleet's context-parallel axis (``cp_degree``, which
+    PaddleFormers' ``context_parallel_size`` sets) or its ``sep`` axis, whichever is > 1; neither:
+    a group of one rank (each data-parallel rank keeps its own sequence; no exchange). Without
+    fleet, the world (a group of one rank when ``paddle.distributed`` is not initialized).
+
+    Raises:
+        TypeError: ``group`` is not a process group, a Communicator or None.
+        ValueError: fleet has both ``cp_degree`` and ``sep_degree`` > 1 and no ``group`` is given.
+    """
     if isinstance(group, Communicator):
         return group
     import paddle.distributed as dist  # noqa: PLC0415
@@ -249,15 +259,39 @@ def default_communicator(group=None) -> Communicator:
             raise TypeError(f"group must be a paddle.distributed process group, a Communicator or None, "
                             f"got {type(group).__name__}")
         return PaddleCommunicator(group)
-
-    try:
-        from paddle.distributed import fleet  # noqa: PLC0415
-
-        hcg = fleet.get_hybrid_communicate_group()
-        if hcg is not None and hcg.get_sep_parallel_world_size() > 1:
+    hcg = _fleet_hcg()
+    if hcg is not None:
+        get_cp_size = getattr(hcg, "get_context_parallel_world_size", None)  # absent in older Paddle
+        axis = fleet_cp_axis(get_cp_size() if get_cp_size else 1, hcg.get_sep_parallel_world_size())
+        if axis == "cp":
+            return PaddleCommunicator(hcg.get_context_parallel_group())
+        if axis == "sep":
             return PaddleCommunicator(hcg.get_sep_parallel_group())
-    except Exception:  # noqa: BLE001 - fleet not initialized / no sep axis
-        pass
+        return PlanOnlyCommunicator(0, 1)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return PlanOnlyCommunicator(0, 1)
     return PaddleCommunicator(None)
+
+
+def fleet_cp_axis(cp_degree: int, sep_degree: int):
+    """Which of fleet's axes carries context parallelism: ``"cp"``, ``"sep"`` or None (neither > 1).
+
+    Raises:
+        ValueError: both are > 1 (pass ``group=`` to choose).
+    """
+    if cp_degree > 1 and sep_degree > 1:
+        raise ValueError(f"fleet has both cp_degree ({cp_degree}) and sep_degree ({sep_degree}) > 1: pass "
+                         f"group= (e.g. hcg.get_context_parallel_group()) to say which axis the CP plan uses")
+    if cp_degree > 1:
+        return "cp"
+    return "sep" if sep_degree > 1 else None
+
+
+def _fleet_hcg():
+    """Fleet's HybridCommunicateGroup, or None when fleet is not initialized."""
+    try:
+        from paddle.distributed import fleet  # noqa: PLC0415
+
+        return fleet.get_hybrid_communicate_group()
+    except (ImportError, AssertionError, AttributeError):  # fleet asserts that it was initialized
+        return None

@@ -1,29 +1,72 @@
-"""The CP attention executor: a PyLayer that overlaps the pruned KV exchange with local attention.
+"""The CP attention of Paddle users: a PyLayer over the framework-neutral CP step (``step.py``)
+with the Paddle ops as its attention backend.
 
-Forward (FlashMask-3 CP step 4): post the exchange of the KV segments that the plan says are
-needed (one message per peer, K and V packed together), compute attention of the local queries on
-the local KV meanwhile, then fold in each peer's KV as it arrives, merging the partial outputs by
-log-sum-exp in fp32 (stable form: shift by the larger lse, so no exponent is positive).
-
-Backward mirrors it: with the merged (out, lse), ``fm3_flashmask_attention_bwd`` on each KV chunk
-gives exact partial gradients (dQ sums over chunks; dK/dV per chunk). The partial dK/dV of remote
-chunks are computed first and sent back (fp32) only to the ranks that own those keys, while the
-local chunk's backward runs; each owner adds what it receives into its own dK/dV.
-
-The received remote KV is kept from forward to backward (no second exchange; memory: the pruned
-remote KV of one layer).
+Forward runs :func:`step.forward` (the pruned KV exchange overlapped with local attention, the
+partials merged by log-sum-exp in fp32); backward runs :func:`step.backward` on the saved tensors
+and the remote KV kept from forward (memory: the pruned remote KV of one layer).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import paddle
 from paddle.autograd import PyLayer
 
 from .. import _validation as V
 from .._ops import ops
+from . import step
 from .plan import CPPlan
 
-__all__ = ["cp_flashmask_attention"]
+__all__ = ["cp_flashmask_attention", "PaddleAttention"]
+
+
+class PaddleAttention(step.AttentionBackend):
+    """The compiled Paddle ops (``fm3_flashmask_attention`` / ``_bwd``: Hopper kernels on GPU, the
+    CPU kernel on CPU) and Paddle tensor ops. Masks stay on the CPU (the op moves them)."""
+
+    name = "paddle"
+
+    def prepare_mask(self, local_mask, seqlen_q):
+        return paddle.to_tensor(local_mask, dtype="int32", place=paddle.CPUPlace())
+
+    def fwd(self, q, k, v, mask, scale):
+        return ops.fm3_flashmask_attention(q, k, v, mask, None, scale, False)
+
+    def bwd(self, q, k, v, out, lse, dout, mask, scale):
+        return ops.fm3_flashmask_attention_bwd(q, k, v, mask, None, out, lse, dout, scale, False)
+
+    def index(self, rows, like):
+        return paddle.to_tensor(np.asarray(rows, dtype=np.int64), dtype="int64", place=like.place)
+
+    def take_rows(self, x, index):
+        return paddle.index_select(x, index, axis=1).contiguous()
+
+    def cat_last(self, a, b):
+        return paddle.concat([a, b], axis=-1).contiguous()
+
+    def split_last(self, x, d):
+        return x[..., :d].contiguous(), x[..., d:].contiguous()
+
+    def empty(self, shape, like, float32=False):
+        return paddle.empty(list(shape), dtype="float32" if float32 else like.dtype)
+
+    def zeros_f32(self, shape, like):
+        return paddle.zeros(list(shape), dtype="float32")
+
+    def f32(self, x):
+        return x.astype("float32")
+
+    def cast_like(self, x, like):
+        return x.astype(like.dtype)
+
+    def index_add_rows(self, x, index, src):
+        return paddle.index_add(x, index, 1, src)
+
+    def lse_merge(self, o1, l1, o2, l2):
+        return _lse_merge(o1, l1, o2, l2)
+
+
+_BACKEND = PaddleAttention()
 
 
 def _lse_merge(o1, l1, o2, l2):
@@ -43,34 +86,10 @@ def _lse_merge(o1, l1, o2, l2):
     return o1 * w1 + o2 * w2, lse
 
 
-def _pack_kv(k, v, rows=None):
-    kv = paddle.concat([k, v], axis=-1)
-    if rows is not None:
-        kv = paddle.index_select(kv, paddle.to_tensor(rows, dtype="int64", place=k.place), axis=1)
-    return kv.contiguous()
-
-
 class _CPAttention(PyLayer):
     @staticmethod
     def forward(ctx, q, k, v, plan, scale):
-        comm, lay = plan.comm, plan.layout
-        b, _, hk, d = k.shape
-        c = lay.segment_size
-        sends = [(p, _pack_kv(k, v, plan.send_rows(p))) for p in plan.send_peers]
-        recvs = [(p, paddle.empty([b, len(lay.recv[plan.rank][p]) * c, hk, 2 * d], dtype=k.dtype))
-                 for p in plan.recv_peers]
-        pending = comm.exchange(sends, recvs)
-        out, lse = ops.fm3_flashmask_attention(q, k, v, plan.mask_for("local"), None, scale, False)
-        acc = out.astype("float32")
-        remote = []
-        for i, (p, buf) in enumerate(recvs):
-            pending.wait_recv(i)
-            kp, vp = buf[..., :d], buf[..., d:]
-            o2, l2 = ops.fm3_flashmask_attention(q, kp, vp, plan.mask_for(p), None, scale, False)
-            acc, lse = _lse_merge(acc, lse, o2.astype("float32"), l2)
-            remote.append((p, kp.contiguous(), vp.contiguous()))
-        pending.wait_all()
-        out = acc.astype(q.dtype)
+        out, lse, remote = step.forward(plan, _BACKEND, q, k, v, scale)
         ctx.plan, ctx.scale, ctx.remote = plan, scale, remote
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
@@ -79,43 +98,11 @@ class _CPAttention(PyLayer):
     @staticmethod
     def backward(ctx, dout, dlse=None):
         q, k, v, out, lse = ctx.saved_tensor()
-        plan, scale = ctx.plan, ctx.scale
         dout = dout.astype(q.dtype).contiguous()
-        dq = paddle.zeros(q.shape, dtype="float32")
-        grad_sends = []
-        for p, kp, vp in ctx.remote:  # remote partials first, so their transfer overlaps local work
-            dq_p, dk_p, dv_p = ops.fm3_flashmask_attention_bwd(
-                q, kp, vp, plan.mask_for(p), None, out, lse, dout, scale, False)
-            dq = dq + dq_p.astype("float32")
-            grad_sends.append((p, paddle.concat([dk_p.astype("float32"), dv_p.astype("float32")], -1)))
-        b, _, hk, d = k.shape
-        c = plan.layout.segment_size
-        grad_recvs = [(p, paddle.empty([b, len(plan.layout.recv[p][plan.rank]) * c, hk, 2 * d], "float32"))
-                      for p in plan.send_peers]
-        pending = plan.comm.exchange(grad_sends, grad_recvs)
-        dq_l, dk_l, dv_l = ops.fm3_flashmask_attention_bwd(
-            q, k, v, plan.mask_for("local"), None, out, lse, dout, scale, False)
-        dq = dq + dq_l.astype("float32")
-        dkv = paddle.concat([dk_l.astype("float32"), dv_l.astype("float32")], -1)
-        pending.wait_all()
-        for p, buf in grad_recvs:
-            idx = paddle.to_tensor(plan.send_rows(p), dtype="int64", place=k.place)
-            dkv = paddle.index_add(dkv, idx, 1, buf)
+        dq, dkv = step.backward(ctx.plan, _BACKEND, q, k, v, out, lse, dout, ctx.remote, ctx.scale)
         ctx.remote = None
+        d = k.shape[-1]
         return dq.astype(q.dtype), dkv[..., :d].astype(k.dtype), dkv[..., d:].astype(v.dtype)
-
-
-class _Undispatch(PyLayer):
-    @staticmethod
-    def forward(ctx, x, plan, axis):
-        ctx.plan, ctx.axis = plan, axis
-        parts = plan.comm.all_gather(x.contiguous())
-        full = paddle.concat(parts, axis=axis)
-        return paddle.index_select(full, plan._inverse_index(x.place), axis=axis)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return paddle.index_select(dy, ctx.plan._index(dy.place), axis=ctx.axis)
 
 
 def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=None, return_softmax_lse=False):

@@ -40,6 +40,11 @@ def explicit_four_column(startend_row_indices, causal: bool) -> np.ndarray:
             integer array, wrong rank or C, values outside ``[0, S]``, LTS > LTE, non-bool causal).
     """
     a, _ = masks.validate_startend_row_indices(startend_row_indices, causal)
+    return _explicit_four_column(a, causal)
+
+
+def _explicit_four_column(a: np.ndarray, causal: bool) -> np.ndarray:
+    """:func:`explicit_four_column` of a mask that already passed validation."""
     b, h, s, c = a.shape
     out = np.empty((b, h, s, 4), dtype=np.int64)
     if causal:
@@ -114,7 +119,15 @@ def localize(startend_row_indices, causal: bool, segments, segment_size: int) ->
         TypeError / ValueError: a bad mask (as :func:`explicit_four_column`) or bad ``segments`` /
             ``segment_size`` (as :func:`local_row_bound`), or segments past the end of the sequence.
     """
-    four = explicit_four_column(startend_row_indices, causal)
+    return _localize(explicit_four_column(startend_row_indices, causal), segments, segment_size)
+
+
+def _localize_checked(startend_row_indices: np.ndarray, causal: bool, segments, segment_size: int) -> np.ndarray:
+    """:func:`localize` of a mask that already passed validation (the CP plan checks it once)."""
+    return _localize(_explicit_four_column(startend_row_indices, bool(causal)), segments, segment_size)
+
+
+def _localize(four: np.ndarray, segments, segment_size: int) -> np.ndarray:
     s = four.shape[2]
     segment_size = masks._check_int("segment_size", segment_size, lo=1, hi=s)
     if s % segment_size:

@@ -20,7 +20,7 @@ from .. import masks as _masks
 from ..kernels import check_segment_sizes
 from .balance import hcc_ipo
 from .comm import Communicator, default_communicator
-from .localize import localize
+from .localize import _localize_checked
 
 __all__ = ["CPLayout", "CPPlan", "make_cp_plan", "make_cp_plans", "build_layout", "segment_summary",
            "default_segment_size"]
@@ -105,16 +105,6 @@ def _segment_workload(sri: np.ndarray, causal: bool, segment_size: int, tile: in
     return weights.astype(np.int64), needed.astype(bool)
 
 
-def _check_axis(fn: str, x, axis) -> int:
-    import paddle  # noqa: PLC0415
-
-    if not isinstance(x, paddle.Tensor):
-        raise TypeError(f"{fn}: x must be a paddle.Tensor, got {type(x).__name__}")
-    if isinstance(axis, bool) or not isinstance(axis, int) or not -len(x.shape) <= axis < len(x.shape):
-        raise ValueError(f"{fn}: axis must be an int in [-{len(x.shape)}, {len(x.shape)}), got {axis!r}")
-    return axis % len(x.shape)
-
-
 class CPLayout:
     """The rank-independent part of a plan (identical on every rank).
 
@@ -125,10 +115,14 @@ class CPLayout:
         weights: int64 ``[n]`` workload; needed: bool ``[n, n]`` (query segment, key segment).
         recv: ``recv[r][p]``: int64 array, ascending segments owned by ``p`` whose KV rank ``r``
             receives (empty for ``p == r``).
+        mask_digest: sha256 (bytes) of the masks and causal flags the layout was built from
+            (:func:`mask_digest`; empty when built from a summary only).
+        any_exchange: False when no rank receives any KV (then the step skips the exchange).
     """
 
-    def __init__(self, seqlen, segment_size, num_ranks, segments, weights, needed):
+    def __init__(self, seqlen, segment_size, num_ranks, segments, weights, needed, mask_digest: bytes = b""):
         self.seqlen, self.segment_size, self.num_ranks = int(seqlen), int(segment_size), int(num_ranks)
+        self.mask_digest = bytes(mask_digest)
         self.num_segments = self.seqlen // self.segment_size
         self.segments = np.asarray(segments, dtype=np.int64)
         self.weights = np.asarray(weights, dtype=np.int64)
@@ -144,16 +138,30 @@ class CPLayout:
             want = self.needed[self.segments[r]].any(axis=0)  # key segments my rows need
             self.recv.append([np.zeros(0, np.int64) if p == r else
                               self.segments[p][want[self.segments[p]]] for p in range(self.num_ranks)])
+        self.any_exchange = any(len(x) for row in self.recv for x in row)  # False: no rank sends KV
 
     def loads(self) -> np.ndarray:
         return self.weights[self.segments].sum(axis=1)
 
     def digest(self) -> str:
+        """Hex sha256 of everything the ranks must agree on: sizes, the segment assignment, the
+        workload, the needed matrix and the masks with their causal flags."""
         h = hashlib.sha256()
         h.update(np.array([self.seqlen, self.segment_size, self.num_ranks], np.int64).tobytes())
         h.update(self.segments.tobytes())
+        h.update(self.weights.tobytes())
         h.update(np.packbits(self.needed).tobytes())
+        h.update(self.mask_digest)
         return h.hexdigest()
+
+
+def mask_digest(masks_and_flags: Sequence[Tuple[np.ndarray, bool]]) -> bytes:
+    """sha256 of checked masks (contiguous int32 ``[B, H_mask, S, C]``) with their causal flags."""
+    h = hashlib.sha256()
+    for sri, causal in masks_and_flags:
+        h.update(np.array(list(sri.shape) + [int(bool(causal))], np.int64).tobytes())
+        h.update(np.ascontiguousarray(sri, dtype=np.int32).tobytes())
+    return h.digest()
 
 
 def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Optional[int] = None,
@@ -165,6 +173,16 @@ def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Opt
     ``segments``: reuse an existing assignment ``[P, n/P]`` instead of balancing.
     """
     sri = _check_mask(startend_row_indices, causal)
+    extras = []
+    for i, entry in enumerate(extra_masks):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise TypeError(f"extra_masks[{i}] must be a (startend_row_indices, causal) pair")
+        extras.append((_check_mask(entry[0], entry[1]), bool(entry[1])))
+    return _build_layout(sri, bool(causal), num_ranks, segment_size, extras, segments, tile)
+
+
+def _build_layout(sri: np.ndarray, causal: bool, num_ranks, segment_size, extras, segments, tile) -> CPLayout:
+    """:func:`build_layout` of masks that already passed :func:`_check_mask` (``extras``: checked pairs)."""
     b, hm, s, _ = sri.shape
     num_ranks = _masks._check_int("num_ranks", num_ranks, lo=1)
     if segment_size is None:
@@ -175,20 +193,18 @@ def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Opt
                          f"{segment_size} = {num_ranks * segment_size}; pad the sequence with masked-out "
                          f"tokens or choose another segment_size")
     weights, needed = _segment_workload(sri, bool(causal), segment_size, tile)
-    for i, entry in enumerate(extra_masks):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-            raise TypeError(f"extra_masks[{i}] must be a (startend_row_indices, causal) pair")
-        extra, extra_causal = entry
-        e = _check_mask(extra, extra_causal)
+    checked = [(sri, bool(causal))]
+    for e, extra_causal in extras:
         if e.shape[2] != s:
             raise ValueError(f"all masks sharing a dispatch need seqlen {s}, got {e.shape[2]}")
         w2, _ = _segment_workload(e, bool(extra_causal), segment_size, tile)
         weights = weights + w2
+        checked.append((e, bool(extra_causal)))
     if segments is None:
         segments = hcc_ipo(weights, num_ranks)
     else:
         segments = _check_segments(segments, num_ranks, s // segment_size)
-    return CPLayout(s, segment_size, num_ranks, segments, weights, needed)
+    return CPLayout(s, segment_size, num_ranks, segments, weights, needed, mask_digest(checked))
 
 
 def _check_segments(segments, num_ranks: int, num_segments: int) -> np.ndarray:
@@ -214,7 +230,19 @@ class CPPlan:
     and this rank's segments, and :func:`cp_flashmask_attention` to run attention.
     """
 
-    def __init__(self, layout: CPLayout, startend_row_indices: np.ndarray, causal: bool, comm: Communicator):
+    def __init__(self, layout: CPLayout, startend_row_indices, causal: bool, comm: Communicator):
+        """``layout``: from :func:`build_layout` on the same mask; ``comm``: this rank's group
+        (``comm.world_size == layout.num_ranks``). Raises TypeError / ValueError on a bad mask."""
+        self._setup(layout, _check_mask(startend_row_indices, causal), bool(causal), comm)
+
+    @classmethod
+    def _from_checked(cls, layout, sri: np.ndarray, causal: bool, comm) -> "CPPlan":
+        """A plan on a mask that already passed :func:`_check_mask` (checked once per plan)."""
+        plan = cls.__new__(cls)
+        plan._setup(layout, sri, causal, comm)
+        return plan
+
+    def _setup(self, layout, startend_row_indices, causal, comm):
         if comm.world_size != layout.num_ranks:
             raise ValueError(f"CP group has {comm.world_size} ranks, layout has {layout.num_ranks}")
         self.layout, self.comm, self.causal = layout, comm, bool(causal)
@@ -223,7 +251,7 @@ class CPPlan:
         lay, r, c = layout, comm.rank, layout.segment_size
         self.my_segments = lay.segments[r]
         self.local_seqlen = len(self.my_segments) * c
-        self.local_mask = localize(startend_row_indices, causal, self.my_segments, c)  # [B,Hm,S,4]
+        self.local_mask = _localize_checked(startend_row_indices, causal, self.my_segments, c)  # [B,Hm,S,4]
         self.recv_peers = [p for p in range(lay.num_ranks) if len(lay.recv[r][p])]
         self.send_peers = [p for p in range(lay.num_ranks) if p != r and len(lay.recv[p][r])]
         self._cache = {}
@@ -241,64 +269,37 @@ class CPPlan:
 
     def kv_rows(self, source) -> np.ndarray:
         """Global rows (int64, ascending) of the KV held locally (``source='local'``: also this
-        rank's query rows) or received from peer ``source``: the key columns of :meth:`mask_for`."""
+        rank's query rows) or received from peer ``source``: the key columns of :meth:`local_mask_for`."""
         return self._rows(self.my_segments if source == "local" else self.layout.recv[self.rank][source])
 
-    def _mask_tensor(self, key):
-        import paddle  # noqa: PLC0415
+    def local_mask_for(self, source) -> np.ndarray:
+        """The localized mask (int32 ``[B, H_mask, keys, 4]``, non-causal) over the key columns of the
+        KV held locally (``source='local'``) or received from peer ``source``."""
+        return np.ascontiguousarray(self.local_mask[:, :, self.kv_rows(source), :])
 
+    def prepared_mask(self, backend, source):
+        """:meth:`local_mask_for` prepared by an attention ``backend`` (:class:`step.AttentionBackend`),
+        cached in the plan."""
+        key = ("mask", backend.name, source)
         if key not in self._cache:
-            arr = np.ascontiguousarray(self.local_mask[:, :, self.kv_rows(key), :])
-            self._cache[key] = paddle.to_tensor(arr, dtype="int32", place=paddle.CPUPlace())
+            self._cache[key] = backend.prepare_mask(self.local_mask_for(source), self.local_seqlen)
         return self._cache[key]
 
-    def mask_for(self, source):
-        """Local mask (``[B, H_mask, keys, 4]`` int32 paddle tensor) for the KV held locally
-        (``source='local'``) or received from peer ``source``."""
-        return self._mask_tensor(source)
-
-    # ---- dispatch ------------------------------------------------------------------------
-    def _index(self, place):
-        import paddle  # noqa: PLC0415
-
-        key = ("idx", str(place))
-        if key not in self._cache:
-            self._cache[key] = paddle.to_tensor(self._rows(self.my_segments), dtype="int64", place=place)
-        return self._cache[key]
-
+    # ---- dispatch (paddle tensors; dispatch.py) -------------------------------------------
     def dispatch(self, x, axis: int = 1):
         """Global ``x`` (``x.shape[axis] == S``, identical on every rank) -> this rank's segments in
         ascending order (``x.shape[axis] == S / P``). Differentiable (an index_select)."""
-        import paddle  # noqa: PLC0415
+        from .dispatch import dispatch  # noqa: PLC0415 - needs paddle
 
-        axis = _check_axis("dispatch", x, axis)
-        if x.shape[axis] != self.layout.seqlen:
-            raise ValueError(f"dispatch: x.shape[{axis}] must be the global seqlen {self.layout.seqlen}, "
-                             f"got {x.shape[axis]}")
-        return paddle.index_select(x, self._index(x.place), axis=axis)
+        return dispatch(self, x, axis)
 
     def undispatch(self, x, axis: int = 1):
         """This rank's ``x`` (``x.shape[axis] == S / P``) -> the global tensor on every rank
         (all-gather). Backward keeps this rank's slice of the incoming gradient (each rank is assumed
         to compute the same loss on the global tensor)."""
-        from .executor import _Undispatch  # noqa: PLC0415
+        from .dispatch import undispatch  # noqa: PLC0415 - needs paddle
 
-        axis = _check_axis("undispatch", x, axis)
-        if x.shape[axis] != self.local_seqlen:
-            raise ValueError(f"undispatch: x.shape[{axis}] must be the local seqlen {self.local_seqlen}, "
-                             f"got {x.shape[axis]}")
-        return _Undispatch.apply(x, self, axis)
-
-    def _inverse_index(self, place):
-        import paddle  # noqa: PLC0415
-
-        key = ("inv", str(place))
-        if key not in self._cache:
-            order = self._rows(self.layout.segments.reshape(-1))  # global row of each gathered row
-            inv = np.empty_like(order)
-            inv[order] = np.arange(order.size)
-            self._cache[key] = paddle.to_tensor(inv, dtype="int64", place=place)
-        return self._cache[key]
+        return undispatch(self, x, axis)
 
     # ---- reuse ---------------------------------------------------------------------------
     def for_mask(self, startend_row_indices, *, causal: bool) -> "CPPlan":
@@ -309,13 +310,15 @@ class CPPlan:
         if sri.shape[2] != self.layout.seqlen:
             raise ValueError(f"startend_row_indices must cover this plan's sequence ({self.layout.seqlen} tokens), "
                              f"got {sri.shape[2]}")
-        lay = build_layout(sri, causal, self.layout.num_ranks, self.layout.segment_size,
-                           segments=self.layout.segments)
-        return CPPlan(lay, sri, causal, self.comm)
+        lay = _build_layout(sri, bool(causal), self.layout.num_ranks, self.layout.segment_size, (),
+                            self.layout.segments, TILE)
+        return CPPlan._from_checked(lay, sri, bool(causal), self.comm)
 
     # ---- introspection -------------------------------------------------------------------
     def digest(self) -> str:
-        return self.layout.digest()
+        """Hex sha256 of the layout (:meth:`CPLayout.digest`) and of this plan's own mask and flag."""
+        own = mask_digest([(np.ascontiguousarray(self.startend_row_indices, dtype=np.int32), self.causal)])
+        return hashlib.sha256(self.layout.digest().encode() + own).hexdigest()
 
     def check_agreement(self) -> None:
         """Debug: all-gather a hash of the plan and raise RuntimeError if ranks disagree."""
@@ -323,7 +326,8 @@ class CPPlan:
         got = self.comm.all_gather_ints([d])
         if any(g[0] != d for g in got):
             raise RuntimeError(f"CP plan differs across ranks (hash prefixes {[g[0] for g in got]}): the "
-                               f"ranks were given different masks, segment sizes or group sizes")
+                               f"ranks were given different masks (values or causal flags), segment sizes "
+                               f"or group sizes")
 
     def stats(self, bytes_per_token: Optional[int] = None) -> dict:
         """Load balance and communication of the layout (same numbers on every rank).
@@ -371,8 +375,9 @@ def make_cp_plan(startend_row_indices, *, causal: bool, group=None, segment_size
         startend_row_indices: the **global** mask, int32 ``[B, H_mask, S, C]`` (numpy or paddle),
             identical on every rank; self-attention (``S_q == S_k == S``).
         causal: its causal flag.
-        group: a Paddle process group, a :class:`Communicator`, or None (fleet's hybrid sep group
-            when fleet is initialized with ``sep_degree > 1``, else the world).
+        group: a Paddle process group, a :class:`Communicator`, or None: with fleet initialized,
+            its ``cp_degree`` or ``sep_degree`` axis, whichever is > 1 (neither: a plan of one rank,
+            no exchange); without fleet, the world (:func:`comm.default_communicator`).
         segment_size: tokens per segment (default :func:`default_segment_size`). ``S`` must be
             divisible by ``P * segment_size``.
         debug: all-gather a plan hash and check that every rank built the same plan (default: the
@@ -382,12 +387,13 @@ def make_cp_plan(startend_row_indices, *, causal: bool, group=None, segment_size
         :class:`CPPlan`.
 
     Raises:
-        TypeError / ValueError: bad mask, sizes not divisible; RuntimeError: ranks disagree (debug).
+        TypeError / ValueError: bad mask, sizes not divisible, fleet with both ``cp_degree`` and
+        ``sep_degree`` > 1 and no ``group``; RuntimeError: ranks disagree (debug).
     """
     comm = default_communicator(group)
     sri = _check_mask(startend_row_indices, causal)
-    lay = build_layout(sri, causal, comm.world_size, segment_size)
-    plan = CPPlan(lay, sri, causal, comm)
+    lay = _build_layout(sri, bool(causal), comm.world_size, segment_size, (), None, TILE)
+    plan = CPPlan._from_checked(lay, sri, bool(causal), comm)
     if debug is None:
         debug = os.environ.get("FM3_CP_DEBUG", "0") not in ("", "0")
     if debug:
@@ -408,12 +414,11 @@ def make_cp_plans(masks: Sequence[Tuple[object, bool]], *, group=None, segment_s
             raise TypeError(f"masks[{i}] must be a (startend_row_indices, causal) pair, got {type(entry).__name__}")
     comm = default_communicator(group)
     checked = [(_check_mask(m, c), bool(c)) for m, c in masks]
-    first = build_layout(checked[0][0], checked[0][1], comm.world_size, segment_size,
-                         extra_masks=checked[1:])
-    plans = [CPPlan(first, checked[0][0], checked[0][1], comm)]
+    first = _build_layout(checked[0][0], checked[0][1], comm.world_size, segment_size, checked[1:], None, TILE)
+    plans = [CPPlan._from_checked(first, checked[0][0], checked[0][1], comm)]
     for m, c in checked[1:]:
-        lay = build_layout(m, c, comm.world_size, first.segment_size, segments=first.segments)
-        plans.append(CPPlan(lay, m, c, comm))
+        lay = _build_layout(m, c, comm.world_size, first.segment_size, (), first.segments, TILE)
+        plans.append(CPPlan._from_checked(lay, m, c, comm))
     if debug is None:
         debug = os.environ.get("FM3_CP_DEBUG", "0") not in ("", "0")
     if debug:
