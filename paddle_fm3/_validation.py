@@ -32,29 +32,40 @@ def check_tensor(name: str, x, ndim: int | None = None, dtypes=None) -> None:
         raise TypeError(f"{name} must have dtype in ({names}), got {x.dtype}")
 
 
-def check_qkv(q, k, v) -> None:
+def check_qkv(q, k, v) -> bool:
+    """Check query/key/value; return True when the call is zero-size (any of them has no elements).
+
+    A zero-size call (a zero batch, sequence length or head count) has a result without a kernel,
+    as in Paddle: zeros of shape ``[batch, seqlen_q, num_heads, head_dim]`` (empty when that has
+    no elements). Key/value head counts are then only checked against each other and the query's
+    when both are nonzero (Paddle returns zeros for a key with no heads whatever the value's).
+    """
     for name, x in (("query", q), ("key", k), ("value", v)):
         check_tensor(name, x, 4, FLOAT_DTYPES)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"query, key, value must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    (b, _, h, d), (bk, sk, hk, dk), (bv, sv, hv, dv) = q.shape, k.shape, v.shape
+    (b, sq, h, d), (bk, sk, hk, dk), (bv, sv, hv, dv) = q.shape, k.shape, v.shape
     if _known(b) and not (b == bk == bv):
         raise ValueError(f"batch size mismatch: query {b}, key {bk}, value {bv}")
     if _known(sk) and sk != sv:
         raise ValueError(f"key and value seqlen differ: {sk} vs {sv}")
     if not all(_known(x) for x in (h, hk, hv, d, dk, dv)):
         raise ValueError("num_heads and head_dim of query, key, value must be static (known) dims")
-    if hk != hv:
-        raise ValueError(f"key and value num_heads differ: {hk} vs {hv}")
     if not (d == dk == dv):
         raise ValueError(f"head_dim mismatch: query {d}, key {dk}, value {dv}")
-    if hk <= 0 or h % hk != 0:
-        raise ValueError(f"query num_heads ({h}) must be a positive multiple of key/value num_heads ({hk})")
     if not 1 <= d <= _config.CPU_MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be in [1, {_config.CPU_MAX_HEAD_DIM}], got {d}")
+    zero_size = any(_known(x) and x == 0 for x in (b, sq, sk, h, hk, hv))
+    if hk > 0 and hv > 0:
+        if hk != hv:
+            raise ValueError(f"key and value num_heads differ: {hk} vs {hv}")
+        if h % hk != 0:
+            raise ValueError(f"query num_heads ({h}) must be a multiple of key/value num_heads ({hk})")
     place = getattr(q, "place", None)  # None for static-graph values
-    if place is not None and not place.is_cpu_place() and d not in _config.SM90_HEAD_DIMS:
+    if (not zero_size and place is not None and not place.is_cpu_place()
+            and d not in _config.SM90_HEAD_DIMS):
         raise ValueError(f"head_dim {d} has no GPU kernel; supported: {_config.SM90_HEAD_DIMS}")
+    return zero_size
 
 
 def check_startend_row_indices(sri, q, k, causal: bool) -> None:
@@ -76,11 +87,9 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
     if c not in VALID_MASK_COLS[causal]:
         raise ValueError(f"startend_row_indices.shape[3] must be one of {VALID_MASK_COLS[causal]} "
                          f"when causal={causal}, got {c}")
-    # Values (range, LTS <= LTE, UTS <= UTE) need the data: checked in dynamic mode only. In a
-    # static graph the kernels read any int32 values with the same meaning (masked rows =
-    # [LTS, LTE) and [UTS, UTE) intersected with [0, seqlen_q); an inverted interval is empty).
-    if paddle.in_dynamic_mode() and sri.size and _known(sq) and sq > 0:
-        masks.validate_startend_row_indices(sri.numpy(), causal, sq)
+    # No value check, so no device-to-host copy: every int32 value has Paddle's meaning, read
+    # the same way by every kernel (fm3::load_column clamps to [0, seqlen_q]; above seqlen_q
+    # means "to the end", negative means 0, an interval with start > end is empty).
 
 
 def check_block_mask(block_mask, sri, q, k) -> None:
@@ -93,9 +102,20 @@ def check_block_mask(block_mask, sri, q, k) -> None:
     if any(_known(w) and _known(g) and w != g for w, g in zip(want, got)):
         raise ValueError(f"block_mask must have shape [batch, mask_heads, ceil(seqlen_q/128), "
                          f"ceil(seqlen_k/128)] = {want}, got {got}")
-    if paddle.in_dynamic_mode() and block_mask.size and bool(
+    # Values are checked where they are already on the host (CPU tensors): for a GPU tensor the
+    # check would be a synchronizing device-to-host copy on every call. The kernels read any
+    # nonzero value as 1 (keep).
+    place = getattr(block_mask, "place", None)  # None for static-graph values
+    if paddle.in_dynamic_mode() and place is not None and place.is_cpu_place() and block_mask.size and bool(
             paddle.any((block_mask != 0) & (block_mask != 1))):
         raise ValueError("block_mask values must be 0 (masked) or 1 (kept)")
+
+
+def check_seed_offset(fixed_seed_offset) -> None:
+    check_tensor("fixed_seed_offset", fixed_seed_offset)
+    if fixed_seed_offset.dtype != paddle.int64 or list(fixed_seed_offset.shape) != [2]:
+        raise ValueError(f"fixed_seed_offset must be an int64 tensor of shape [2] (seed, offset), got "
+                         f"{fixed_seed_offset.dtype} {list(fixed_seed_offset.shape)}")
 
 
 def normalize_window_size(window_size) -> tuple[int, int]:

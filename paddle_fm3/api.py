@@ -19,6 +19,40 @@ def _unmasked(seqlen_q, seqlen_k, batch, causal, place):
         [batch, 1, seqlen_k, len(row)]).contiguous()
 
 
+class _ZeroSizeAttention(paddle.autograd.PyLayer):
+    """Output of a zero-size call, without a kernel (as in Paddle): no key is visible to any query
+    row, so the output is zeros ``[batch, seqlen_q, num_heads, head_dim]`` (empty if that has no
+    elements), and the gradients of query, key and value are zeros of their shapes."""
+
+    @staticmethod
+    def forward(ctx, query, key, value):
+        # (shape, needs a gradient) per input: PyLayer wants None for stop_gradient inputs
+        ctx.inputs = [(x.shape, not x.stop_gradient) for x in (query, key, value)]
+        b, sq, h, _ = query.shape
+        return paddle.zeros([b, sq, h, value.shape[3]], dtype=query.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return tuple(paddle.zeros(shape, dtype=grad_out.dtype) if needs else None for shape, needs in ctx.inputs)
+
+
+def _zero_size_result(query, key, value):
+    """``(out, lse)`` of a zero-size call: zeros (see ``_ZeroSizeAttention``) and an lse of
+    ``-inf`` (no visible key)."""
+    b, sq, h, _ = query.shape
+    return _ZeroSizeAttention.apply(query, key, value), paddle.full([b, h, sq], -np.inf, dtype="float32")
+
+
+def _seed_offset(fixed_seed_offset):
+    """Paddle's ``seed_offset`` output: int64 ``[2]`` (seed, offset) on the CPU. Without dropout no
+    random number is drawn: ``fixed_seed_offset`` when given, else ``[0, 0]``."""
+    if fixed_seed_offset is not None:
+        return fixed_seed_offset
+    if paddle.in_dynamic_mode():
+        return paddle.zeros([2], dtype="int64").cpu()
+    return paddle.zeros([2], dtype="int64")
+
+
 def flashmask_attention(
     query,
     key,
@@ -53,7 +87,10 @@ def flashmask_attention(
             ``{1, num_heads_k, num_heads}``; per key column the query-row bounds of
             the masked rows (see ``paddle_fm3.masks``): causal ``C`` in {1 (LTS),
             2 (LTS, LTE)}; non-causal ``C`` in {2 (LTS, UTE), 4 (LTS, LTE, UTS, UTE)}.
-            Values in ``[0, seqlen_q]``. ``None``: plain (causal) attention.
+            Values are query rows in ``[0, seqlen_q]``; as in Paddle, any other int32 value
+            is accepted (above ``seqlen_q`` reads as ``seqlen_q``, "to the end"; negative as 0)
+            and an interval whose start is past its end is empty. Values are not checked,
+            so no device-to-host copy is made. ``None``: plain (causal) attention.
         dropout: must be 0.0; dropout is not implemented (``NotImplementedError``).
         causal: add the causal mask, bottom-right aligned when seqlen_q != seqlen_k.
         window_size: int or ``(left, right)``: sliding-window attention, converted
@@ -62,9 +99,13 @@ def flashmask_attention(
         return_softmax_lse: also return the float32 ``[batch, num_heads, seqlen_q]``
             natural-log softmax normalizer (``-inf`` on fully masked rows); it is returned
             with ``stop_gradient=True``: no gradient flows back through it.
-        return_seed_offset, fixed_seed_offset, rng_name: dropout RNG controls;
-            only their defaults are accepted (no dropout, no seed).
-        training: accepted for compatibility (no dropout, so no effect).
+        return_seed_offset: also return Paddle's dropout ``seed_offset``, int64 ``[2]`` on the
+            CPU: ``fixed_seed_offset`` when given, else ``[0, 0]`` (no dropout, so no random
+            number is drawn).
+        fixed_seed_offset: optional int64 ``[2]`` tensor, dropout seed and offset (no effect
+            without dropout; returned as ``seed_offset``).
+        rng_name: name of the dropout generator (no effect without dropout).
+        training: bool, accepted for compatibility (no dropout, so no effect).
         name: unused, for compatibility.
         softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5``.
         block_mask: optional int32 ``[batch, H_mask, ceil(seqlen_q/128),
@@ -72,27 +113,34 @@ def flashmask_attention(
             with ``startend_row_indices`` (which it requires).
 
     Returns:
-        ``out`` (shape and dtype of ``query``), or ``[out, softmax_lse]`` when
-        ``return_softmax_lse``. Fully masked query rows give 0 and zero gradients. Inputs
+        ``out`` (shape and dtype of ``query``); with ``return_softmax_lse`` and/or
+        ``return_seed_offset`` the list ``[out, softmax_lse, seed_offset]`` of those asked for,
+        in that order (as Paddle). Fully masked query rows give 0 and zero gradients.
+        Zero-size inputs (a zero batch, sequence length or head count) run no kernel, as in
+        Paddle: ``out`` is zeros ``[batch, seqlen_q, num_heads, head_dim]`` (empty when that
+        has no elements), the lse ``-inf``, and the gradients zeros. Inputs
         must be finite: a NaN in q, k or v propagates to the rows it can reach (and, as
         in any dense kernel, a NaN in v reaches every row of a partially masked tile).
 
     Raises:
         TypeError / ValueError: bad tensors, dtypes, shapes, mask values or
             arguments (the message names the argument), before any kernel runs.
-        NotImplementedError: ``dropout > 0`` or dropout seed options.
+        NotImplementedError: ``dropout > 0``.
     """
     if not isinstance(dropout, numbers.Real) or isinstance(dropout, (bool, np.bool_)):
         raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
     if dropout != 0.0:
         raise NotImplementedError("paddle_fm3.flashmask_attention does not implement dropout; pass dropout=0.0")
-    if return_seed_offset or fixed_seed_offset is not None or rng_name:
-        raise NotImplementedError("return_seed_offset / fixed_seed_offset / rng_name configure dropout, "
-                                  "which paddle_fm3 does not implement; leave them at their defaults")
+    if not isinstance(rng_name, str):
+        raise TypeError(f"rng_name must be a str, got {type(rng_name).__name__}")
     causal = V.check_bool("causal", causal)
     return_softmax_lse = V.check_bool("return_softmax_lse", return_softmax_lse)
-    V.check_qkv(query, key, value)
-    batch, seqlen_q, _, head_dim = query.shape
+    return_seed_offset = V.check_bool("return_seed_offset", return_seed_offset)
+    V.check_bool("training", training)
+    if fixed_seed_offset is not None:
+        V.check_seed_offset(fixed_seed_offset)
+    zero_size = V.check_qkv(query, key, value)
+    batch, seqlen_q, num_heads, head_dim = query.shape
     seqlen_k = key.shape[1]
     scale = V.check_softmax_scale(softmax_scale, head_dim)
 
@@ -105,20 +153,27 @@ def flashmask_attention(
             raise ValueError("window_size needs static batch and sequence lengths (the mask is built on the "
                              "host); in a static graph with unknown dims pass startend_row_indices instead "
                              "(paddle_fm3.masks.sliding_window / window_to_startend)")
-        startend_row_indices = paddle.to_tensor(
-            masks.window_to_startend(window, seqlen_q, seqlen_k, batch, causal), place=query.place)
+        if not zero_size:
+            startend_row_indices = paddle.to_tensor(
+                masks.window_to_startend(window, seqlen_q, seqlen_k, batch, causal), place=query.place)
     if block_mask is not None and startend_row_indices is None:
         raise ValueError("block_mask requires startend_row_indices (as in Paddle)")
-    if startend_row_indices is None:  # nothing masked beyond the causal triangle
-        startend_row_indices = _unmasked(seqlen_q, seqlen_k, batch, causal, query.place)
-
-    V.check_startend_row_indices(startend_row_indices, query, key, causal)
+    if startend_row_indices is not None:
+        V.check_startend_row_indices(startend_row_indices, query, key, causal)
     if block_mask is not None:
         V.check_block_mask(block_mask, startend_row_indices, query, key)
 
-    out, softmax_lse = ops.fm3_flashmask_attention(
-        query, key, value, startend_row_indices, block_mask, scale, causal)
-    if not return_softmax_lse:
-        return out
-    softmax_lse.stop_gradient = True  # no gradient flows back through the lse (as in Paddle's op)
-    return [out, softmax_lse]
+    if zero_size:
+        out, softmax_lse = _zero_size_result(query, key, value)
+    else:
+        if startend_row_indices is None:  # nothing masked beyond the causal triangle
+            startend_row_indices = _unmasked(seqlen_q, seqlen_k, batch, causal, query.place)
+        out, softmax_lse = ops.fm3_flashmask_attention(
+            query, key, value, startend_row_indices, block_mask, scale, causal)
+    outputs = [out]
+    if return_softmax_lse:
+        softmax_lse.stop_gradient = True  # no gradient flows back through the lse (as in Paddle's op)
+        outputs.append(softmax_lse)
+    if return_seed_offset:
+        outputs.append(_seed_offset(fixed_seed_offset))
+    return outputs[0] if len(outputs) == 1 else outputs

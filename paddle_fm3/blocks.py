@@ -27,7 +27,8 @@ def block_classify(startend_row_indices, *, causal: bool, seqlen_q: int, block_m
         startend_row_indices: int32 ``[batch, H_mask, seqlen_k, C]`` (numpy array or CPU
             paddle.Tensor), meaning as in ``flashmask_attention``.
         causal: whether the causal triangle is part of the mask.
-        seqlen_q: number of query rows (values of the mask lie in ``[0, seqlen_q]``).
+        seqlen_q: number of query rows (mask values are read clamped to ``[0, seqlen_q]``, as in
+            ``flashmask_attention``).
         block_m, block_n: tile height (query rows) and block width (key columns), > 0.
         block_mask: optional int32 ``[batch, H_mask, ceil(seqlen_q/128), ceil(seqlen_k/128)]``.
 
@@ -36,8 +37,8 @@ def block_classify(startend_row_indices, *, causal: bool, seqlen_q: int, block_m
         ``TileClass`` values.
 
     Raises:
-        TypeError / ValueError: non-positive sizes, a malformed mask (shape, dtype, values
-        outside ``[0, seqlen_q]``, LTS > LTE, UTS > UTE) or a malformed ``block_mask``.
+        TypeError / ValueError: non-positive sizes, a malformed mask (shape, dtype) or a
+        malformed ``block_mask`` (shape, values other than 0/1).
     """
     for name, val in (("seqlen_q", seqlen_q), ("block_m", block_m), ("block_n", block_n)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or not 1 <= val <= masks.MAX_SEQLEN:
@@ -46,7 +47,7 @@ def block_classify(startend_row_indices, *, causal: bool, seqlen_q: int, block_m
     arr = sri.numpy() if isinstance(sri, paddle.Tensor) else np.asarray(sri)
     if isinstance(sri, paddle.Tensor) and sri.dtype != paddle.int32:
         raise TypeError(f"startend_row_indices must be int32, got {sri.dtype}")
-    arr, _ = masks.validate_startend_row_indices(arr, causal, int(seqlen_q))  # checks causal too
+    arr, _ = masks.validate_startend_row_indices(arr, causal, int(seqlen_q))  # checks causal too; clamps
     sri = paddle.to_tensor(np.ascontiguousarray(arr, dtype=np.int32), place=paddle.CPUPlace())
     if block_mask is not None:
         bm = block_mask.numpy() if isinstance(block_mask, paddle.Tensor) else np.asarray(block_mask)

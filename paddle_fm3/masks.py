@@ -3,7 +3,9 @@
 A FlashMask is a column-wise sparse attention mask, stored as
 ``startend_row_indices``: an integer array of shape ``[B, H_mask, S_k, C]``
 (``int32`` when produced here), indexed by **key column** ``j``, whose values
-are **query row** indices in ``[0, S_q]``.  Its meaning is the one of
+are **query row** indices in ``[0, S_q]`` (any other int32 value is read as Paddle's kernels
+read it: above ``S_q`` as ``S_q``, negative as 0; see :func:`validate_startend_row_indices`).
+Its meaning is the one of
 ``paddle.nn.functional.flashmask_attention`` (Paddle >= 3.0 docs) and of the
 FlashMask paper (Wang et al., "FlashMask: Efficient and Rich Mask Extension of
 FlashAttention", arXiv:2410.01359, section 3):
@@ -87,8 +89,8 @@ class FlashMask(NamedTuple):
         arr = np.asarray(self.startend_row_indices)
         if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
             raise TypeError(f"startend_row_indices must be an integer array, got dtype {arr.dtype}")
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > MAX_SEQLEN):
-            raise ValueError(f"startend_row_indices values must be in [0, {MAX_SEQLEN}] (int32 row indices), "
+        if arr.size and (int(arr.min()) < -MAX_SEQLEN - 1 or int(arr.max()) > MAX_SEQLEN):
+            raise ValueError(f"startend_row_indices values must fit int32, "
                              f"got min {int(arr.min())}, max {int(arr.max())}")
         arr = np.ascontiguousarray(arr, dtype=np.int32)
         return paddle.to_tensor(arr, dtype="int32")
@@ -644,18 +646,20 @@ def window_to_startend(window_size, seqlen_q: int, seqlen_k: Optional[int] = Non
 
 
 def validate_startend_row_indices(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None,
-                                  name: str = "startend_row_indices",
-                                  check_order: bool = True) -> Tuple[np.ndarray, int]:
-    """Check a ``startend_row_indices`` array; return ``(array as int64, seqlen_q)``.
+                                  name: str = "startend_row_indices") -> Tuple[np.ndarray, int]:
+    """Check a ``startend_row_indices`` array's type and shape; return ``(values, seqlen_q)``.
 
-    The one value check of a mask, shared by the attention op's API, ``block_classify`` and the
-    CP plan. ``check_order=False`` (used by ``to_dense``/``density``, which follow Paddle's dense
-    conversion) reads LTS > LTE as an empty interval instead of rejecting it.
+    The one host-side reading of a mask, shared by ``to_dense``/``density``, ``block_classify``,
+    the CP localization and plan. Every integer value has Paddle's meaning (its kernels compare
+    row indices against the raw values): a value above ``seqlen_q`` acts as ``seqlen_q`` ("to the
+    end"), a negative one as 0, and an interval whose start is past its end (LTS > LTE,
+    UTS > UTE) is empty. ``values`` is the array clamped to ``[0, seqlen_q]`` as int64, the same
+    clamp as ``fm3::load_column`` (ops/include/fm3/mask.h) applies in every kernel.
 
     Raises:
         TypeError: not an integer array; ``causal`` not a bool.
-        ValueError: not 4-D; C not in {1, 2} (causal) / {2, 4} (non-causal); S_k == 0; a value
-        outside ``[0, seqlen_q]``; LTS > LTE or UTS > UTE (with ``check_order``).
+        ValueError: not 4-D; C not in {1, 2} (causal) / {2, 4} (non-causal); S_k == 0;
+        ``seqlen_q`` not in ``[1, 2^31 - 1]``; a value outside int32.
     """
     causal = _check_bool("causal", causal)
     arr = np.asarray(startend_row_indices)
@@ -670,17 +674,10 @@ def validate_startend_row_indices(startend_row_indices, causal: bool, seqlen_q: 
     if arr.shape[2] < 1:
         raise ValueError(f"{name}: S_k (dimension 2) must be >= 1, got shape {arr.shape}")
     sq = arr.shape[2] if seqlen_q is None else _check_int("seqlen_q", seqlen_q, lo=1, hi=MAX_SEQLEN)
-    if arr.size:
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi > sq:
-            raise ValueError(f"{name}: values must be query-row indices in [0, seqlen_q={sq}], "
-                             f"got min {lo}, max {hi}")
-        if check_order and ((causal and c == 2) or c == 4):
-            if np.any(arr[..., 0] > arr[..., 1]):
-                raise ValueError(f"{name}: LTS must be <= LTE (column 0 <= column 1) for every key")
-        if check_order and c == 4 and np.any(arr[..., 2] > arr[..., 3]):
-            raise ValueError(f"{name}: UTS must be <= UTE (column 2 <= column 3) for every key")
-    return arr.astype(np.int64, copy=False), sq
+    if arr.size and arr.dtype.itemsize >= 4 and (int(arr.min()) < -MAX_SEQLEN - 1 or int(arr.max()) > MAX_SEQLEN):
+        raise ValueError(f"{name}: values must fit int32 (Paddle's mask dtype), got min {int(arr.min())}, "
+                         f"max {int(arr.max())}")
+    return np.clip(arr.astype(np.int64, copy=False), 0, sq), sq
 
 
 def _causal_first_row(sq: int, sk: int) -> np.ndarray:
@@ -702,7 +699,7 @@ def to_dense(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None)
     Raises:
         see :func:`validate_startend_row_indices`.
     """
-    arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q, check_order=False)
+    arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q)
     sk = arr.shape[2]
     c = arr.shape[-1]
     rows = np.arange(sq, dtype=np.int64)[None, None, :, None]
@@ -840,7 +837,7 @@ def density(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None) 
     Raises:
         see :func:`validate_startend_row_indices`.
     """
-    arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q, check_order=False)
+    arr, sq = validate_startend_row_indices(startend_row_indices, causal, seqlen_q)
     b, h, sk, c = arr.shape
     if b * h == 0:
         raise ValueError(f"density of an empty mask (batch {b}, mask heads {h}) is undefined")

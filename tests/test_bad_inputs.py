@@ -36,13 +36,6 @@ CASES = [
     ("H_mask", lambda: dict(args=(*qkv(h=4, hk=2), sri(hm=3)), causal=True), ValueError, "mask heads"),
     ("C for causal", lambda: dict(args=(*qkv(), sri(c=4)), causal=True), ValueError, "shape[3]"),
     ("C for non-causal", lambda: dict(args=(*qkv(), sri(c=1)), causal=False), ValueError, "shape[3]"),
-    ("value above S_q", lambda: dict(args=(*qkv(), sri(value=17)), causal=True), ValueError, "[0, seqlen_q=16]"),
-    ("negative value", lambda: dict(args=(*qkv(), sri(value=-1)), causal=True), ValueError, "[0, seqlen_q=16]"),
-    ("LTS > LTE", lambda: dict(args=(*qkv(), paddle.concat([sri(value=9), sri(value=3)], -1)), causal=True),
-     ValueError, "LTS must be <= LTE"),
-    ("UTS > UTE", lambda: dict(args=(*qkv(), paddle.concat([sri(value=16), sri(value=16), sri(value=5),
-                                                           sri(value=2)], -1)), causal=False),
-     ValueError, "UTS must be <= UTE"),
     ("head dim too large", lambda: dict(args=qkv(d=264)), ValueError, "head_dim"),
     ("block_mask shape", lambda: dict(args=(*qkv(), sri()), causal=True,
                                       block_mask=paddle.ones([1, 1, 2, 1], "int32")), ValueError, "block_mask"),
@@ -59,7 +52,10 @@ CASES = [
     ("softmax_scale", lambda: dict(args=qkv(), softmax_scale=-1.0), ValueError, "softmax_scale"),
     ("causal type", lambda: dict(args=qkv(), causal=1), TypeError, "causal"),
     ("dropout", lambda: dict(args=qkv(), dropout=0.1), NotImplementedError, "dropout"),
-    ("seed offset", lambda: dict(args=qkv(), return_seed_offset=True), NotImplementedError, "seed"),
+    ("fixed_seed_offset shape", lambda: dict(args=qkv(), fixed_seed_offset=paddle.zeros([3], "int64")),
+     ValueError, "fixed_seed_offset"),
+    ("rng_name type", lambda: dict(args=qkv(), rng_name=3), TypeError, "rng_name"),
+    ("key/value heads", lambda: dict(args=(qkv(hk=2)[0], qkv(hk=2)[1], qkv(hk=1)[2])), ValueError, "num_heads differ"),
 ]
 
 

@@ -306,8 +306,11 @@ def test_dlpack_segment_workload_rejects_bad_input():
         kernels.segment_workload(sri.astype(bool), 64, 16, True)
     with pytest.raises(ValueError, match="values"):
         kernels.segment_workload(np.full((1, 1, 256, 1), 2**32 + 5, np.int64), 64, 16, True)
-    with pytest.raises(ValueError, match="values"):
-        kernels.segment_workload(np.full((1, 1, 256, 1), -1, np.int32), 64, 16, True)
+    # Any int32 value has Paddle's meaning (negative reads as 0), not an error.
+    w_neg, n_neg = kernels.segment_workload(np.full((1, 1, 256, 1), -1, np.int32), 64, 16, True)
+    w_0, n_0 = kernels.segment_workload(np.zeros((1, 1, 256, 1), np.int32), 64, 16, True)
+    np.testing.assert_array_equal(w_neg, w_0)
+    np.testing.assert_array_equal(n_neg, n_0)
     with pytest.raises(ValueError, match="C must be"):
         kernels.segment_workload(sri, 64, 16, False)  # C=1 needs causal=True
     with pytest.raises(TypeError, match="segment_size"):

@@ -37,7 +37,7 @@ def explicit_four_column(startend_row_indices, causal: bool) -> np.ndarray:
 
     Raises:
         TypeError / ValueError: as :func:`paddle_fm3.masks.validate_startend_row_indices` (not an
-            integer array, wrong rank or C, values outside ``[0, S]``, LTS > LTE, non-bool causal).
+            integer array, wrong rank or C, non-bool causal). Values are read clamped to ``[0, S]``.
     """
     a, _ = masks.validate_startend_row_indices(startend_row_indices, causal)
     return _explicit_four_column(a, causal)

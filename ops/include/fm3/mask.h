@@ -12,6 +12,11 @@
 // Causal additionally hides key j from row i when j > i + (S_k - S_q)
 // (bottom-right alignment). block_mask (optional, 128x128 blocks, 1 = keep)
 // is AND-ed on top.
+// Every int32 value is accepted with Paddle's meaning: Paddle's kernels compare
+// row indices against the raw values, so a value above S_q acts as S_q ("to the
+// end"), a negative one as 0, and an interval with start > end is empty.
+// load_column clamps to [0, S_q] once, so everything downstream (summaries,
+// bit masks, classification) sees in-range values.
 #pragma once
 #include <stdint.h>
 
@@ -42,23 +47,26 @@ struct ColumnBounds {
 // With causal, the causal triangle of the column -- rows [0, j - (S_k - S_q))
 // -- becomes the upper interval, so the block summary and the classification
 // see the whole mask (e.g. a causal document tile is exactly fully masked).
+// A row bound clamped to [0, seqlen_q] (see the note on values above).
+FM3_HD int32_t clamp_row(int32_t v, int seqlen_q) { return v < 0 ? 0 : (v > seqlen_q ? seqlen_q : v); }
+
 FM3_HD ColumnBounds load_column(const int32_t* col, int j, int mask_cols, bool causal,
                                 int seqlen_q, int causal_offset) {
   ColumnBounds c;
-  c.lts = col[0];
+  c.lts = clamp_row(col[0], seqlen_q);
   if (causal) {
     const int first_row = j - causal_offset;  // first row that may see key j
-    c.lte = mask_cols == 2 ? col[1] : seqlen_q;
+    c.lte = mask_cols == 2 ? clamp_row(col[1], seqlen_q) : seqlen_q;
     c.uts = 0;
     c.ute = first_row < 0 ? 0 : (first_row > seqlen_q ? seqlen_q : first_row);
   } else if (mask_cols == 2) {
     c.lte = seqlen_q;
     c.uts = 0;
-    c.ute = col[1];
+    c.ute = clamp_row(col[1], seqlen_q);
   } else {
-    c.lte = col[1];
-    c.uts = col[2];
-    c.ute = col[3];
+    c.lte = clamp_row(col[1], seqlen_q);
+    c.uts = clamp_row(col[2], seqlen_q);
+    c.ute = clamp_row(col[3], seqlen_q);
   }
   return c;
 }
