@@ -72,31 +72,36 @@ def normalized_vectors(sri, causal, sq, device="cuda"):
 
 
 class FlexMask:
-    """FlexAttention's view of a FlashMask mask: a mask_mod reading the four column vectors (and the
-    causal flag) from buffers that each family overwrites, so the compiled kernels are reused."""
+    """FlexAttention's view of a FlashMask mask: a mask_mod reading the four column vectors from
+    buffers that each family overwrites, so the compiled kernels are reused. Causal and non-causal
+    are two mask_mods (the FLASH backend's CuTe DSL translation takes only tensor reads indexed by
+    the mask_mod's arguments, no scalar flag)."""
 
     def __init__(self, b, s, device="cuda"):
         self.b, self.s, self.device = b, s, device
         self.vecs = [torch.zeros(b, s, dtype=torch.int32, device=device) for _ in range(4)]
-        self.causal_flag = torch.zeros(1, dtype=torch.int32, device=device)
         lts, lte, uts, ute = self.vecs
-        causal_flag = self.causal_flag
 
-        def mask_mod(bi, hi, qi, kj):  # a plain function: create_block_mask rejects bound methods
+        def bidirectional(bi, hi, qi, kj):  # plain functions: create_block_mask rejects bound methods
             hidden = ((qi >= lts[bi, kj]) & (qi < lte[bi, kj])) | ((qi >= uts[bi, kj]) & (qi < ute[bi, kj]))
-            return ~hidden & ((kj <= qi) | (causal_flag[0] == 0))
-        self.mask_mod = mask_mod
+            return ~hidden
+
+        def causal(bi, hi, qi, kj):
+            return bidirectional(bi, hi, qi, kj) & (kj <= qi)
+        self.mask_mods = {False: bidirectional, True: causal}
+        self.causal = False
 
     def set_family(self, sri_np, causal):
         for buf, val in zip(self.vecs, normalized_vectors(sri_np, causal, self.s, self.device)):
             buf.copy_(val)
-        self.causal_flag.fill_(1 if causal else 0)
+        self.causal = causal
 
     def block_mask(self):
         """The BlockMask of the current family. _compile=True evaluates the mask_mod block by block
         instead of materializing the dense B x S x S mask (at S = 128K that asks for 128 GiB)."""
         from torch.nn.attention.flex_attention import create_block_mask
-        return create_block_mask(self.mask_mod, self.b, None, self.s, self.s, device=self.device, _compile=True)
+        return create_block_mask(self.mask_mods[self.causal], self.b, None, self.s, self.s, device=self.device,
+                                 _compile=True)
 
 
 def main():

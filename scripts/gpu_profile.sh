@@ -2,7 +2,7 @@
 # Device side: ncu profiles of one warm call of ours and of FlexAttention-FLASH (FlashAttention-4),
 # side by side, into $OUT: per-kernel summaries (duration, tensor-pipe use, IPC, instructions,
 # spills), the SASS opcode mix of each main kernel, and ours' per-SASS-line source view.
-#   PROFILE_ARGS="--bwd --family full --seqlen 8192" scripts/gpu_profile.sh
+#   PROFILE_ARGS="--bwd --family full --seqlen 8192" [PROFILE_IMPLS="fm3 flex_flash"] scripts/gpu_profile.sh
 # Needs ncu; Flex FLASH needs FM3_EXTRA_SITE (../shared/tools/fa4_anchor.sh). LIB_DIR as gpu_run.sh.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -14,7 +14,7 @@ ARGS=${PROFILE_ARGS:---bwd --family full --seqlen 8192}
 case "$ARGS" in *--bwd*) OURS="regex:flash_bwd_wgmma"; PEER="regex:Backward" ;;
                 *) OURS="regex:flash_fwd_wgmma"; PEER="regex:Forward" ;; esac
 METRICS=gpu__time_duration.sum,sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_requests_pipe_lsu_mem_local_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_local_op_st.sum,launch__registers_per_thread,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
-for impl in fm3 flex_flash; do
+for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
   name=$([ $impl = fm3 ] && echo "$OURS" || echo "$PEER")
   timeout 300 ncu --clock-control none --kernel-name "$name" --launch-skip 2 --launch-count 1 \
     --metrics "$METRICS,sass__inst_executed_per_opcode" --print-metric-instances values \

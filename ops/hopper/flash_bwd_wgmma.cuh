@@ -53,6 +53,8 @@
 #include <math_constants.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "flash_bwd_kernel.cuh"  // BwdArgs, classify_pair, no_mask_summary, mask_head
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"
@@ -133,7 +135,8 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   const uint32_t sdQ = base_u32 + Tr::kOffdQ;
   volatile int64_t* sDqOff = reinterpret_cast<volatile int64_t*>(base + Tr::kOffDqOff);
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // broadcast: the compiler sees it warp-uniform
   const int nb = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
   const int n0 = nb * kBlockN;
   const int group = a.num_heads / a.num_heads_k;
@@ -248,20 +251,25 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 #pragma unroll
   for (int i = 0; i < kD; ++i) dk[i] = dv[i] = 0.f;
   ColumnBounds cb[2];
-  int cur_hm = -1;
-  const uint32_t sKw = sK + cw * 64 * 128, sVw = sV + cw * 64 * 128;  // this warpgroup's keys in each sub-tile
+  int cur_hm = -1, cur_h = -1, hm = 0;
+  int64_t head_off = 0;
+  // Operand descriptors, built once; a tile's operands are these moved by constant byte offsets.
+  const SmemDesc dsc_k = smem_desc(sK + cw * 64 * 128, 16, 1024);  // this warpgroup's keys (S^T A operand)
+  const SmemDesc dsc_v = smem_desc(sV + cw * 64 * 128, 16, 1024);
+  const SmemDesc dsc_q = smem_desc(sQ, 16, 1024), dsc_do = smem_desc(sdO, 16, 1024);  // K-major B of S^T, dP^T
+  const SmemDesc dsc_q_mn = smem_desc(sQ, kBlockM * 128, 1024);                       // MN-major B of dK, dV
+  const SmemDesc dsc_do_mn = smem_desc(sdO, kBlockM * 128, 1024);
+  const SmemDesc dsc_ds = smem_desc(sdS, 16, 1024);                                   // MN-major A of dQ
+  const SmemDesc dsc_kd = smem_desc(sK + (Tr::kDqSplitD ? cw * kBlockN * 128 : 0), kBlockN * 128, 1024);
 
   // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys, from dS^T buffer `buf`:
   // A = dS^T [keys][queries] and B = K [keys][head dim], both MN-major (k16 step = 16 key rows).
   auto issue_dq = [&](int buf, float (&dq)[32]) {
-    const int key0 = Tr::kDqSplitD ? 0 : cw * 64;
-    const uint32_t sKd = sK + (Tr::kDqSplitD ? cw * kBlockN * 128 : 0);
-    const uint32_t sdSb = sdS + buf * Tr::kDsBytes;
+    const uint32_t key0 = Tr::kDqSplitD ? 0 : cw * 64 * 128;
     gmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
-      gmma_ss_mn<T, 64>(gmma_desc(sdSb + key0 * 128 + ks * 2048, 16, 1024),
-                        gmma_desc(sKd + key0 * 128 + ks * 2048, kBlockN * 128, 1024), dq, ks > 0);
+      gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq, ks > 0);
     gmma_commit();
   };
   // This warpgroup's 64 x 64 part of the dQ tile at workspace offset `off` to shared memory in
@@ -294,7 +302,11 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     const int h = sHead[stage];
     const int m0 = BlockEntry::block(entry) * kBlockM;
     const bool partial = BlockEntry::partial(entry);
-    const int hm = bwd::mask_head(a, h);
+    if (h != cur_h) {  // per-head values, once per head (the division stays out of the tile loop)
+      cur_h = h;
+      hm = bwd::mask_head(a, h);
+      head_off = (static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride;
+    }
     if (partial && hm != cur_hm) {  // the two key columns' bounds, once per mask head
       const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
       const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
@@ -304,7 +316,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
                               causal_offset);
       cur_hm = hm;
     }
-    const uint32_t sQs = sQ + stage * Tr::kQBytes, sdOs = sdO + stage * Tr::kQBytes;
+    const uint32_t qoff = stage * Tr::kQBytes;  // this stage's Q and dO
 
     // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries each.
     float s[32], dp[32];
@@ -313,15 +325,15 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
-      gmma_ss<T, 64>(gmma_desc(sKw + (ks / 4) * kBlockN * 128 + off, 16, 1024),
-                     gmma_desc(sQs + (ks / 4) * kBlockM * 128 + off, 16, 1024), s, ks > 0);
+      gmma_ss<T, 64>(dsc_k.at((ks / 4) * kBlockN * 128 + off), dsc_q.at(qoff + (ks / 4) * kBlockM * 128 + off), s,
+                     ks > 0);
     }
     gmma_commit();  // S^T first: P^T is computed while dP^T is in flight
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;
-      gmma_ss<T, 64>(gmma_desc(sVw + (ks / 4) * kBlockN * 128 + off, 16, 1024),
-                     gmma_desc(sdOs + (ks / 4) * kBlockM * 128 + off, 16, 1024), dp, ks > 0);
+      gmma_ss<T, 64>(dsc_v.at((ks / 4) * kBlockN * 128 + off), dsc_do.at(qoff + (ks / 4) * kBlockM * 128 + off), dp,
+                     ks > 0);
     }
     gmma_commit();
     named_barrier_arrive(5 - cw, 128 * Tr::kConsumerWGs);  // the other warpgroup's turn
@@ -331,20 +343,29 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     const float* delta_t = delta_s + stage * kBlockM;
     gmma_wait<1>();
     fence_regs(s);
+    // Two copies of the loop, so that tiles without masked elements carry no per-element test.
+    auto softmax = [&](auto masked) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < 8; ++j)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int ql = j * 8 + 2 * t + c;
-        const float l2 = lse_t[ql];
+        for (int c = 0; c < 2; ++c) {
+          const int ql = j * 8 + 2 * t + c;
+          const float l2 = lse_t[ql];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = j * 4 + 2 * r + c;
-          float p = fast_exp2(s[i] * a.scale_log2 - l2);  // lse2 = +inf (empty row, padding): 0
-          if (partial && row_masked(cb[r], m0 + ql)) p = 0.f;
-          s[i] = p;
+          for (int r = 0; r < 2; ++r) {
+            const int i = j * 4 + 2 * r + c;
+            float p = fast_exp2(s[i] * a.scale_log2 - l2);  // lse2 = +inf (empty row, padding): 0
+            if constexpr (decltype(masked)::value) {
+              if (row_masked(cb[r], m0 + ql)) p = 0.f;
+            }
+            s[i] = p;
+          }
         }
-      }
+    };
+    if (partial)
+      softmax(std::true_type{});
+    else
+      softmax(std::false_type{});
     gmma_wait<0>();
     fence_regs(dp);
 #pragma unroll
@@ -384,42 +405,30 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
       mbar_arrive(bar_ds_full + 8 * dsb);
     }
-    // dV += P^T dO, dK += dS^T Q: B = dO / Q [queries][head dim], MN-major (k16 step = 16 query rows).
+    // dV += P^T dO, dK += dS^T Q (B = dO / Q [queries][head dim], MN-major, k16 step = 16 query
+    // rows), then dQ of the previous tile: the other warpgroup wrote its half of that dS^T a tile
+    // ago, so the wait rarely blocks and the two warpgroups drift freely within the ring.
     gmma_fence();
 #pragma unroll
-    for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pp[ps], gmma_desc(sdOs + ps * 2048, kBlockM * 128, 1024), dv);
+    for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pp[ps], dsc_do_mn.at(qoff + ps * 2048), dv);
 #pragma unroll
-    for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], gmma_desc(sQs + ps * 2048, kBlockM * 128, 1024), dk);
+    for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
     gmma_commit();
-    const int64_t tile_off = ((static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride + m0) * kHeadDim;
-    if constexpr (kWriteDq) {
-      // dQ of the previous tile: the other warpgroup wrote its dS^T a tile ago, so this wait
-      // rarely blocks and the two warpgroups drift freely within the ring.
-      if (iter > 0) {
-        const int pb = (iter - 1) % Tr::kDsBuffers;
-        mbar_wait(bar_ds_full + 8 * pb, ((iter - 1) / Tr::kDsBuffers) & 1);
-        float dq[32];
-        issue_dq(pb, dq);
-        gmma_wait<0>();
-        fence_regs(dq);
-        fence_regs(dk);
-        fence_regs(dv);
-        fence_regs(pp);
-        fence_regs(pds);
-        mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
-        mbar_arrive(bar_ds_empty + 8 * pb);
-        write_dq(dq, prev_off);
-      } else {
-        gmma_wait<0>();
-        fence_regs(dk);
-        fence_regs(dv);
-        fence_regs(pp);
-        fence_regs(pds);
-        mbar_arrive(bar_empty + 8 * stage);
-      }
-      prev_off = tile_off;
+    if (kWriteDq && iter > 0) {
+      const int pb = (iter - 1) % Tr::kDsBuffers;
+      mbar_wait(bar_ds_full + 8 * pb, ((iter - 1) / Tr::kDsBuffers) & 1);
+      float dq[32];
+      issue_dq(pb, dq);
+      gmma_wait<0>();
+      fence_regs(dq);
+      fence_regs(dk);
+      fence_regs(dv);
+      fence_regs(pp);
+      fence_regs(pds);
+      mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
+      mbar_arrive(bar_ds_empty + 8 * pb);
+      write_dq(dq, prev_off);
     } else {
-      (void)tile_off;
       gmma_wait<0>();
       fence_regs(dk);
       fence_regs(dv);
@@ -427,6 +436,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       fence_regs(pds);
       mbar_arrive(bar_empty + 8 * stage);
     }
+    prev_off = (head_off + m0) * kHeadDim;
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1;

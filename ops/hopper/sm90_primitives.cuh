@@ -117,6 +117,20 @@ __device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo_b
   return d;
 }
 
+// A shared-memory matrix descriptor kept as two 32-bit words, so that moving it by a byte offset is one
+// 32-bit add on the low word: the start-address field is (address >> 4) in its low 14 bits, and every
+// operand lies below 256 KiB, so the add never carries into the leading-byte-offset field above it.
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + (bytes >> 4));
+  }
+};
+__device__ __forceinline__ SmemDesc smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  const uint64_t d = gmma_desc(smem_addr, lbo_bytes, sbo_bytes);
+  return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
+}
+
 namespace G = cute::SM90::GMMA;
 
 template <typename T, int N>

@@ -311,3 +311,28 @@ def test_mma_sync_fallback(d, dtype, deterministic, monkeypatch):
         q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES[dtype], 600 + i)
         check_bwd(q, k, v, sri, causal, dtype, deterministic=deterministic, seed=600 + i)
 
+
+
+def raw_paddle_values(sri, sq, seed):
+    """The mask with Paddle's out-of-range spellings: values equal to seqlen_q raised past it (Paddle's
+    own generators write document end + 1) and zeros made negative. The kernels read them clamped to
+    [0, seqlen_q] (fm3::load_column), so the clamped mask is the reference."""
+    rng = np.random.default_rng(seed)
+    raw = sri.astype(np.int64)
+    raw = np.where(raw == sq, sq + rng.integers(1, 1000, size=raw.shape), raw)
+    raw = np.where(raw == 0, -rng.integers(1, 1000, size=raw.shape), raw)
+    return np.ascontiguousarray(raw, dtype=np.int32)
+
+
+@pytest.mark.parametrize("family", ["causal_document", "document", "share_question", "global_sliding_window"])
+def test_values_outside_seqlen_q(family):
+    """Out-of-range mask values (Paddle's meaning) in the Hopper backward: same gradients as the clamped mask."""
+    sq = 300
+    sri, causal = family_mask(family, sq, 41)
+    raw = raw_paddle_values(sri, sq, 42)
+    assert (raw > sq).any()
+    q, k, v = make_qkv(1, sq, sq, 4, 2, 128, DTYPES["bf16"], 43)
+    _, (dq, dk, dv), (out, lse, do) = check_bwd(q, k, v, sri, causal, "bf16", seed=43)
+    got = run_bwd(q, k, v, out, lse, do, torch.from_numpy(raw).cuda(), causal)
+    for x, y in zip(got, (dq, dk, dv)):
+        assert torch.equal(x, y)

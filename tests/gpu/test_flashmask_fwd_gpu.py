@@ -7,7 +7,7 @@ import pytest
 from paddle_fm3 import masks
 
 torch = pytest.importorskip("torch")
-from fm3_gpu_util import DTYPES, check, make_qkv  # noqa: E402
+from fm3_gpu_util import DTYPES, check, make_qkv, run_kernel  # noqa: E402
 
 FAMILIES = sorted(masks.FAMILIES)
 HEAD_DIMS = (64, 128, 256)
@@ -206,3 +206,24 @@ def test_persistent_many_tiles_per_cta(d, dtype, monkeypatch):
         check(q, k, v, sri, causal, dtype)
     q, k, v = make_qkv(1, 200, 333, 4, 4, d, DTYPES[dtype], 7)
     check(q, k, v, None, True, dtype)
+
+
+@pytest.mark.parametrize("family", ["causal_document", "document", "share_question", "global_sliding_window"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_values_outside_seqlen_q(family, d):
+    """Out-of-range mask values (Paddle's meaning: above seqlen_q reads as seqlen_q, negative as 0) in the
+    Hopper forward: the same output, bit for bit, as the clamped mask, which is checked against float64."""
+    rng = np.random.default_rng(d)
+    sq = 300
+    fm = masks.FAMILIES[family](sq, rng)
+    sri = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
+    raw = sri.astype(np.int64)
+    raw = np.where(raw == sq, sq + rng.integers(1, 1000, size=raw.shape), raw)
+    raw = np.where(raw == 0, -rng.integers(1, 1000, size=raw.shape), raw)
+    raw = np.ascontiguousarray(raw, dtype=np.int32)
+    assert (raw > sq).any()
+    q, k, v = make_qkv(1, sq, sq, 4, 2, d, DTYPES["bf16"], d + 1)
+    check(q, k, v, sri, fm.causal, "bf16")
+    out_ref, lse_ref = run_kernel(q, k, v, torch.from_numpy(sri).cuda(), fm.causal)
+    out_raw, lse_raw = run_kernel(q, k, v, torch.from_numpy(raw).cuda(), fm.causal)
+    assert torch.equal(out_raw, out_ref) and torch.equal(lse_raw, lse_ref)
