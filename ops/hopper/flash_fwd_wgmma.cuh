@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   int* sTile = reinterpret_cast<int*>(base + Tr::kOffTile);
   const uint32_t bar_q_empty = bar_q + 16;  // bar_q[2], then bar_q_empty[2]
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // broadcast: the compiler sees it warp-uniform
   const int n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
   const int n_blocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
   const int causal_offset = a.seqlen_k - a.seqlen_q;
@@ -251,26 +252,27 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   constexpr int kO = kHeadDim / 2;     // O accumulators per thread
   float o[kO];
   float row_max[2], row_sum[2];  // log2 units; row_sum over this thread's columns only
-  uint32_t sQw = sQ;             // this warpgroup's 64 rows of the tile's Q buffer (set per tile)
+  // Operand descriptors, built once; a block's operands are these moved by byte offsets.
+  const SmemDesc dsc_q = smem_desc(sQ + cw * 64 * 128, 16, 1024);  // this warpgroup's 64 rows of Q buffer 0
+  const SmemDesc dsc_k = smem_desc(sK, 16, 1024), dsc_v = smem_desc(sV, kBlockN * 128, 1024);
+  uint32_t qoff = 0;  // the tile's Q buffer (set per tile)
 
   // S = Q K^T for the block in `stage` (issued, not waited for).
   auto issue_qk = [&](float (&s)[kS], int stage_) {
-    const uint32_t sKs = sK + stage_ * Tr::kKVBytes;
+    const uint32_t kvoff = stage_ * Tr::kKVBytes;
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
-      const uint64_t da = gmma_desc(sQw + (ks / 4) * kBlockM * 128 + off, 16, 1024);
-      const uint64_t db = gmma_desc(sKs + (ks / 4) * kBlockN * 128 + off, 16, 1024);
-      gmma_ss<T, kBlockN>(da, db, s, ks > 0);
+      gmma_ss<T, kBlockN>(dsc_q.at(qoff + (ks / 4) * kBlockM * 128 + off),
+                          dsc_k.at(kvoff + (ks / 4) * kBlockN * 128 + off), s, ks > 0);
     }
     gmma_commit();
   };
   // O += P V for the block in `stage` (issued, not waited for).
   auto issue_pv = [&](const uint32_t (&p)[kBlockN / 16][4], int stage_) {
-    const uint32_t sVs = sV + stage_ * Tr::kKVBytes;
+    const uint32_t kvoff = stage_ * Tr::kKVBytes;
 #pragma unroll
-    for (int ps = 0; ps < kBlockN / 16; ++ps)
-      gmma_rs<T, kHeadDim>(p[ps], gmma_desc(sVs + ps * 2048, kBlockN * 128, 1024), o);
+    for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, kHeadDim>(p[ps], dsc_v.at(kvoff + ps * 2048), o);
     gmma_commit();
   };
   // Scale into log2 units, mask (partial blocks only), online-softmax update of
@@ -348,7 +350,7 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
   for (int k = 0; tile < a.num_tiles; ++k) {
     const Tile x = tile_at(tile);
     const int qb = k % Tr::kQBuffers;
-    sQw = sQ + qb * Tr::kQBytes + cw * 64 * 128;
+    qoff = qb * Tr::kQBytes;
 #pragma unroll
     for (int i = 0; i < kO; ++i) o[i] = 0.f;
 #pragma unroll
