@@ -6,7 +6,9 @@ scripts/simulate_cp.py) -- and draws:
 
 - docs/gpu_forward_d128_s32k.png: TFLOP/s per mask family, fm3 vs FlexAttention (and cuDNN);
 - docs/gpu_backward_d128_s32k.png: the same for the backward, where recorded;
-- docs/cp_speedup.png: simulated CP speedup over zigzag ring attention per family and P.
+- docs/cp_speedup.png: simulated CP speedup over zigzag ring attention per family and P;
+- docs/gpu_vs_flex_flash.png: ours over FlexAttention-FLASH (FlashAttention-4) per family, one panel
+  per (forward/backward, head_dim, S), from the raw rows docs/bench/{fwd,bwd}_vs_peers.json.
 
 Usage: python scripts/plot_benchmarks.py [--gpu BENCHMARKS.md] [--cp docs/cp_simulation.md] [--out docs]
 """
@@ -14,6 +16,7 @@ Usage: python scripts/plot_benchmarks.py [--gpu BENCHMARKS.md] [--cp docs/cp_sim
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 
 import matplotlib
@@ -111,6 +114,36 @@ def plot_cp(tables, out: pathlib.Path) -> bool:
     return True
 
 
+def plot_peers(bench: pathlib.Path, out: pathlib.Path) -> bool:
+    """fm3 / flex_flash per family for every (direction, head_dim, seqlen) recorded."""
+    panels = []
+    for direction in ("fwd", "bwd"):
+        path = bench / f"{direction}_vs_peers.json"
+        if path.exists():
+            rows = json.loads(path.read_text())
+            for key in sorted({(r["head_dim"], r["seqlen"]) for r in rows}):
+                sel = [r for r in rows if (r["head_dim"], r["seqlen"]) == key and r.get("flex_flash")]
+                if sel:
+                    panels.append((direction, key, sel))
+    if not panels:
+        return False
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.6 * len(panels)), squeeze=False)
+    for ax, (direction, (d, s), sel) in zip(axes[:, 0], panels):
+        ratio = [r["fm3"] / r["flex_flash"] for r in sel]
+        ax.bar(range(len(sel)), ratio, color=["tab:green" if x >= 1.05 else "tab:red" for x in ratio])
+        ax.set_xticks(range(len(sel)), [r["family"] for r in sel], rotation=30, ha="right", fontsize=8)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(1.05, color="k", lw=0.8, ls="--")
+        ax.set_ylim(0.5, max(1.3, max(ratio) + 0.05))
+        ax.set_ylabel("fm3 / Flex FLASH")
+        ax.set_title(f"H200 bf16 {'forward' if direction == 'fwd' else 'backward'}, head_dim {d}, S = {s}",
+                     fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", type=pathlib.Path, default=ROOT / "BENCHMARKS.md")
@@ -129,6 +162,8 @@ def main(argv=None) -> None:
             made.append("gpu_backward_d128_s32k.png")
     if args.cp.exists() and plot_cp(read_tables(args.cp), args.out / "cp_speedup.png"):
         made.append("cp_speedup.png")
+    if plot_peers(ROOT / "docs" / "bench", args.out / "gpu_vs_flex_flash.png"):
+        made.append("gpu_vs_flex_flash.png")
     print("wrote:", ", ".join(made) if made else "nothing (no matching tables)")
 
 
