@@ -1,6 +1,5 @@
-"""A tiny PaddleFormers Llama on packed documents, trained one step with a chosen attention backend.
-
-Used by tests/test_paddleformers.py in-process and in fresh interpreters (import orders)."""
+"""A tiny PaddleFormers Llama on packed documents, trained one step with a chosen attention backend,
+and the integration checks that tests/test_paddleformers.py runs, each in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from fm3_testutil import RTOL as FM3_RTOL
 from paddle_fm3 import masks
 
 SEQLEN = 64
@@ -93,3 +93,122 @@ def real_rows():
     for r, docs in enumerate(DOCS):
         mask[r, :sum(docs)] = True
     return mask
+
+
+# ---------------------------------------------------------------------------
+# Checks, each run in a fresh interpreter by tests/test_paddleformers.py (importing PaddleFormers
+# patches Paddle globally: in the pytest process it made later paddle.jit.to_static tests hang)
+# ---------------------------------------------------------------------------
+
+RTOL = FM3_RTOL["float32"]  # max |err| / max |ref|
+
+
+def scaled_err(a, ref) -> float:
+    return float(np.abs(a - ref).max()) / max(float(np.abs(ref).max()), 1e-30)
+
+
+def assert_matches_eager(fm3_run: dict, eager_run: dict) -> None:
+    rows = real_rows()
+    assert scaled_err(fm3_run["logits"][rows], eager_run["logits"][rows]) <= RTOL
+    assert abs(fm3_run["loss"] - eager_run["loss"]) <= RTOL * abs(eager_run["loss"])
+    assert abs(fm3_run["loss_after"] - eager_run["loss_after"]) <= RTOL * abs(eager_run["loss_after"])
+    assert fm3_run["loss_after"] < fm3_run["loss"]  # the step trained something
+    assert len(fm3_run["grads"]) == len(eager_run["grads"]) > 0
+    for key in ("grads", "params"):
+        for (name_f, a), (name_e, ref) in zip(fm3_run[key].items(), eager_run[key].items()):
+            assert scaled_err(a, ref) <= RTOL, (key, name_f, name_e, scaled_err(a, ref))
+
+
+def check_train_step(order: str, name: str) -> None:
+    """install() with PaddleFormers imported after ("install-first") or before; then the tiny Llama
+    with attention `name` matches the eager backend through forward, backward and one SGD step."""
+    import paddle_fm3.integrations.paddleformers as fm3_pf
+
+    if order == "install-first":
+        fm3_pf.install()
+        import paddleformers.transformers  # noqa: F401
+    else:
+        import paddleformers.transformers  # noqa: F401
+
+        fm3_pf.install()
+    eager, fm3 = tiny_llama(), tiny_llama()
+    fm3.set_state_dict(eager.state_dict())
+    assert_matches_eager(train_step(fm3, name), train_step(eager, "eager"))
+
+
+def check_install_uninstall() -> None:
+    import paddle_fm3.integrations.paddleformers as fm3_pf
+    from paddleformers.nn.attention.flashmask_attention import flashmask_attention_forward
+    from paddleformers.nn.attention.interface import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    assert ALL_ATTENTION_FUNCTIONS["flashmask"] is flashmask_attention_forward
+    assert "fm3" not in AttentionInterface._global_mapping
+    fm3_pf.install()
+    fm3_pf.install()
+    assert fm3_pf.is_installed()
+    assert ALL_ATTENTION_FUNCTIONS["flashmask"] is fm3_pf.attention_forward
+    assert ALL_ATTENTION_FUNCTIONS["fm3"] is fm3_pf.attention_forward
+    assert AttentionInterface()["flashmask"] is fm3_pf.attention_forward  # any instance: class-wide
+    fm3_pf.uninstall()
+    fm3_pf.uninstall()
+    assert not fm3_pf.is_installed()
+    assert ALL_ATTENTION_FUNCTIONS["flashmask"] is flashmask_attention_forward
+    assert "fm3" not in AttentionInterface._global_mapping
+    # after uninstall a model asking for "flashmask" gets PaddleFormers' own again, which has no
+    # CPU kernel in Paddle: it fails where ours ran
+    model = tiny_llama()
+    try:
+        train_step(model, "flashmask")
+    except Exception:  # noqa: BLE001 - Paddle's error type for a missing CPU kernel varies
+        pass
+    else:
+        raise AssertionError("PaddleFormers' own flashmask ran on CPU after uninstall: was ours still used?")
+
+
+def check_fully_masked_rows() -> None:
+    """Our convention for a query row that sees no key (output 0) against eager's (every key)."""
+    import paddle_fm3.integrations.paddleformers as fm3_pf
+    from paddleformers.nn.attention.eager_attention import eager_attention_forward
+
+    rng = np.random.default_rng(1)
+    q, k, v = (paddle.to_tensor(rng.standard_normal((1, 2, 8, 16)).astype("float32")) for _ in range(3))
+    sri = paddle.to_tensor(np.full((1, 1, 8, 1), 5, dtype=np.int32))  # rows 5.. see no key
+    module = paddle.nn.Layer()
+    ours, _ = fm3_pf.attention_forward(module, q, k, v, attn_mask_startend_row_indices=sri, scaling=0.25)
+    eager, weights = eager_attention_forward(module, q, k, v, attn_mask_startend_row_indices=sri, scaling=0.25)
+    ours, eager, weights = ours.numpy().reshape(8, 2, 16), eager.numpy().reshape(8, 2, 16), weights.numpy()
+    assert scaled_err(ours[:5], eager[:5]) <= RTOL
+    assert (ours[5:] == 0).all()
+    # eager adds the same large negative bias to every score of such a row, which cancels in the
+    # softmax: the row attends to every key, future ones included
+    assert (weights[0, :, 5:] > 1e-4).all() and np.allclose(weights[0, :, 5:].sum(-1), 1, atol=1e-5)
+    assert np.isfinite(eager[5:]).all() and (np.abs(eager[5:]) > 0).any()
+
+
+def check_argument_errors() -> None:
+    import paddle_fm3.integrations.paddleformers as fm3_pf
+
+    q = paddle.zeros([1, 2, 8, 16])
+    for kwargs, error, fragment in ((dict(attention_mask=paddle.zeros([1, 1, 8, 8])), ValueError,
+                                     "attn_mask_startend_row_indices"),
+                                    (dict(dropout=0.1), NotImplementedError, "dropout")):
+        try:
+            fm3_pf.attention_forward(paddle.nn.Layer(), q, q, q, **kwargs)
+        except error as e:
+            assert fragment in str(e), e
+        else:
+            raise AssertionError(f"no {error.__name__} for {kwargs}")
+
+
+def check_patch_paddle_order(order: str) -> None:
+    """patch_paddle() reaches a module that imports the function after it, not one that did before."""
+    import paddle_fm3
+
+    if order == "patch-first":
+        paddle_fm3.patch_paddle()
+    import paddleformers.nn.attention.flashmask_attention as pf_flashmask
+
+    if order == "patch-after":
+        paddle_fm3.patch_paddle()
+    reaches = pf_flashmask.flashmask_attention is paddle_fm3.flashmask_attention
+    assert reaches == (order == "patch-first"), (order, reaches)
