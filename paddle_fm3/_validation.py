@@ -12,6 +12,10 @@ from . import _config, masks
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
 VALID_MASK_COLS = {True: (1, 2), False: (2, 4)}
+QKV_LAYOUT = "[batch, seqlen, num_heads, head_dim]"
+# The kernels compute scores as (softmax_scale * log2(e) * q) . k in float32.
+_LOG2E = float(np.log2(np.e))
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _known(d) -> bool:
@@ -22,11 +26,11 @@ def _known(d) -> bool:
 check_bool = masks._check_bool  # noqa: SLF001 - one bool check for the package (accepts numpy bools)
 
 
-def check_tensor(name: str, x, ndim: int | None = None, dtypes=None) -> None:
+def check_tensor(name: str, x, ndim: int | None = None, dtypes=None, layout: str = "") -> None:
     if not isinstance(x, (paddle.Tensor, paddle.pir.Value) if hasattr(paddle, "pir") else paddle.Tensor):
         raise TypeError(f"{name} must be a paddle.Tensor, got {type(x).__name__}")
     if ndim is not None and len(x.shape) != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {list(x.shape)}")
+        raise ValueError(f"{name} must be {ndim}-D{' ' + layout if layout else ''}, got shape {list(x.shape)}")
     if dtypes is not None and x.dtype not in dtypes:
         names = ", ".join(str(d).replace("paddle.", "") for d in dtypes)
         raise TypeError(f"{name} must have dtype in ({names}), got {x.dtype}")
@@ -41,26 +45,27 @@ def check_qkv(q, k, v) -> bool:
     when both are nonzero (Paddle returns zeros for a key with no heads whatever the value's).
     """
     for name, x in (("query", q), ("key", k), ("value", v)):
-        check_tensor(name, x, 4, FLOAT_DTYPES)
+        check_tensor(name, x, 4, FLOAT_DTYPES, QKV_LAYOUT)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"query, key, value must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     (b, sq, h, d), (bk, sk, hk, dk), (bv, sv, hv, dv) = q.shape, k.shape, v.shape
     if _known(b) and not (b == bk == bv):
-        raise ValueError(f"batch size mismatch: query {b}, key {bk}, value {bv}")
+        raise ValueError(f"batch size mismatch: query {b}, key {bk}, value {bv} (layout {QKV_LAYOUT})")
     if _known(sk) and sk != sv:
-        raise ValueError(f"key and value seqlen differ: {sk} vs {sv}")
+        raise ValueError(f"key and value seqlen (shape[1] of {QKV_LAYOUT}) differ: {sk} vs {sv}")
     if not all(_known(x) for x in (h, hk, hv, d, dk, dv)):
         raise ValueError("num_heads and head_dim of query, key, value must be static (known) dims")
     if not (d == dk == dv):
-        raise ValueError(f"head_dim mismatch: query {d}, key {dk}, value {dv}")
+        raise ValueError(f"head_dim mismatch: query {d}, key {dk}, value {dv} (layout {QKV_LAYOUT})")
     if not 1 <= d <= _config.CPU_MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be in [1, {_config.CPU_MAX_HEAD_DIM}], got {d}")
     zero_size = any(_known(x) and x == 0 for x in (b, sq, sk, h, hk, hv))
     if hk > 0 and hv > 0:
         if hk != hv:
-            raise ValueError(f"key and value num_heads differ: {hk} vs {hv}")
+            raise ValueError(f"key and value num_heads (shape[2] of {QKV_LAYOUT}) differ: {hk} vs {hv}")
         if h % hk != 0:
-            raise ValueError(f"query num_heads ({h}) must be a multiple of key/value num_heads ({hk})")
+            raise ValueError(f"query num_heads ({h}) must be a multiple of key/value num_heads ({hk}) "
+                             f"(shape[2] of {QKV_LAYOUT}; query {list(q.shape)}, key {list(k.shape)})")
     place = getattr(q, "place", None)  # None for static-graph values
     if (not zero_size and place is not None and not place.is_cpu_place()
             and d not in _config.SM90_HEAD_DIMS):
@@ -83,7 +88,12 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
     if hm not in (1, hk, h):
         raise ValueError(f"startend_row_indices.shape[1] (mask heads) must be 1, {hk} or {h}, got {hm}")
     if _known(sk) and _known(skm) and skm != sk:
-        raise ValueError(f"startend_row_indices.shape[2] must equal key seqlen {sk}, got {skm}")
+        hint = ""
+        if _known(hk) and skm == hk:  # the mask's length is key's shape[2]: heads and seqlen swapped
+            hint = (": key looks like [batch, num_heads, seqlen, head_dim]; transpose query, key and value "
+                    "with .transpose([0, 2, 1, 3])")
+        raise ValueError(f"startend_row_indices.shape[2] must equal key seqlen {sk} (key.shape[1]; query, key, "
+                         f"value are {QKV_LAYOUT}, key has shape {list(k.shape)}), got {skm}{hint}")
     if c not in VALID_MASK_COLS[causal]:
         raise ValueError(f"startend_row_indices.shape[3] must be one of {VALID_MASK_COLS[causal]} "
                          f"when causal={causal}, got {c}")
@@ -135,6 +145,23 @@ def check_softmax_scale(softmax_scale, head_dim: int) -> float:
         return float(head_dim) ** -0.5
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not 0 < float(softmax_scale) <= float(np.finfo(np.float32).max):
-        raise ValueError(f"softmax_scale must be a positive number that fits in float32, got {softmax_scale}")
+    if not 0 < float(softmax_scale) * _LOG2E <= _FLOAT32_MAX:
+        raise ValueError(f"softmax_scale must be a positive number whose scores fit in float32 (at most "
+                         f"{_FLOAT32_MAX / _LOG2E:.3g}; the usual value is head_dim ** -0.5), got {softmax_scale}")
     return float(softmax_scale)
+
+
+def check_scores_fit_float32(softmax_scale: float, query, key) -> None:
+    """Reject a softmax_scale whose scores may overflow float32 on these inputs: the bound
+    ``softmax_scale * log2(e) * head_dim * max|query| * max|key|`` must fit. Checked in dynamic
+    mode for scales above 1 only (two reductions and a host copy; realistic scales are <= 1, and
+    with them an overflow would come from the inputs, not the scale)."""
+    if softmax_scale <= 1.0 or not paddle.in_dynamic_mode() or not query.size or not key.size:
+        return
+    amax_q = float(paddle.abs(query).max().astype("float32"))
+    amax_k = float(paddle.abs(key).max().astype("float32"))
+    bound = softmax_scale * _LOG2E * query.shape[-1] * amax_q * amax_k
+    if not bound <= _FLOAT32_MAX:
+        raise ValueError(f"softmax_scale={softmax_scale} is too large for these inputs: the scores can reach "
+                         f"softmax_scale * log2(e) * head_dim * max|query| * max|key| = {bound:.3g}, beyond "
+                         f"float32's {_FLOAT32_MAX:.3g} (the usual value is head_dim ** -0.5)")

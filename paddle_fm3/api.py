@@ -107,7 +107,10 @@ def flashmask_attention(
         rng_name: name of the dropout generator (no effect without dropout).
         training: bool, accepted for compatibility (no dropout, so no effect).
         name: unused, for compatibility.
-        softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5``.
+        softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5``. The float32 scores
+            must not overflow: a scale above ``float32 max / log2(e)`` is a ValueError, and so
+            (checked in dynamic mode, for scales above 1) is one where
+            ``softmax_scale * log2(e) * head_dim * max|q| * max|k|`` passes float32's maximum.
         block_mask: optional int32 ``[batch, H_mask, ceil(seqlen_q/128),
             ceil(seqlen_k/128)]``, 1 = keep the 128x128 block, 0 = mask it; AND-ed
             with ``startend_row_indices`` (which it requires).
@@ -143,6 +146,7 @@ def flashmask_attention(
     batch, seqlen_q, num_heads, head_dim = query.shape
     seqlen_k = key.shape[1]
     scale = V.check_softmax_scale(softmax_scale, head_dim)
+    V.check_scores_fit_float32(scale, query, key)
 
     if window_size is not None:
         if startend_row_indices is not None:

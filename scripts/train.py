@@ -10,22 +10,31 @@ Default input (no download): the Python standard library's own ``*.py`` source f
 Other inputs: ``--data DIR`` (every text file under DIR, recursively, sorted) or
 ``--data FILE.jsonl`` (one JSON object per line, text in ``--text-field``).
 
+Each run leaves a folder (``--run-dir``, default ``runs/<timestamp>``): ``metrics.csv`` (one row
+per step), ``loss.png`` (loss and tokens/s), ``checkpoint/`` (``--resume`` continues from it),
+``samples.txt`` (generated continuations) and ``summary.json`` (results, and one training step
+compared with Paddle's dense-mask attention: time and mask memory).
+
 Examples::
 
     python scripts/train.py                         # defaults: ~2-3 min on 2 CPU cores
     python scripts/train.py --check                 # + one-step check against Paddle's dense SDPA
     python scripts/train.py --mask share-question --steps 100
     python scripts/train.py --data corpus.jsonl --text-field content --seq-len 1024
+    python scripts/train.py --run-dir runs/a --steps 300 --resume   # continue runs/a to step 300
+    python scripts/train.py --model llama           # a PaddleFormers Llama through the integration
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
 import importlib.util
 import pathlib
+import shutil
 import sys
 import sysconfig
 import time
@@ -77,54 +86,105 @@ def stdlib_files() -> List[pathlib.Path]:
     return sorted(files, key=lambda f: f.relative_to(root).as_posix())
 
 
-def read_documents(data: Optional[str], text_field: str, max_doc_len: int) -> tuple[List[bytes], str]:
-    """Return (documents as UTF-8 bytes, a description of the source), in deterministic order."""
+BOM = b"\xef\xbb\xbf"
+NEWLINE = b"\n"
+
+
+def _text_problem(raw: bytes) -> Optional[str]:
+    """Why ``raw`` is not UTF-8 text (naming the line and column), or None."""
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        return f"line {raw.count(NEWLINE, 0, nul) + 1}: binary data (a NUL byte), not text"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = raw.rfind(NEWLINE, 0, e.start) + 1
+        return (f"line {raw.count(NEWLINE, 0, e.start) + 1}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                f"{e.start - line_start + 1}: {e.reason})")
+    return None
+
+
+class Documents(NamedTuple):
+    docs: List[bytes]  # UTF-8 bytes, BOM removed
+    source: str        # a description of the source
+    skipped: int       # files / lines skipped under --skip-bad (or stdlib files that are not UTF-8)
+
+
+def read_documents(data: Optional[str], text_field: str, max_doc_len: int, skip_bad: bool = False) -> Documents:
+    """Read the documents in deterministic order.
+
+    A file that is not UTF-8 text (a NUL byte, or an invalid UTF-8 sequence), or a JSONL line that
+    is not UTF-8, not a JSON object, lacks ``text_field`` or holds a non-string there, is an error
+    naming the file and line (``SystemExit``), or is skipped and counted with ``skip_bad``. The
+    default stdlib source always skips (a few test modules are Latin-1 on purpose). A UTF-8 BOM
+    is accepted and removed."""
     cap = max_doc_len if max_doc_len > 0 else None
     docs: List[bytes] = []
+    skipped = 0
+
+    def bad(where: str, problem: str, skip: bool):
+        nonlocal skipped
+        if not skip:
+            raise SystemExit(f"error: {where}: {problem} (--skip-bad skips such input)")
+        skipped += 1
+
+    def add_file(f: pathlib.Path, skip: bool):
+        raw = f.read_bytes()
+        raw = raw[len(BOM):] if raw.startswith(BOM) else raw
+        problem = _text_problem(raw)
+        if problem:
+            bad(str(f), problem, skip)
+        else:
+            docs.append(raw[:cap] if cap else raw)
+
     if data is None:
         root = sysconfig.get_paths()["stdlib"]
         for f in stdlib_files():
-            with open(f, "rb") as fh:
-                docs.append(fh.read(cap) if cap else fh.read())
+            add_file(f, True)
         source = f"Python stdlib *.py under {root}"
     else:
         path = pathlib.Path(data)
         if path.is_dir():
             for f in sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix()):
-                raw = f.read_bytes()
-                if b"\x00" in raw[:8192]:  # binary, not text
-                    continue
-                docs.append(raw[:cap] if cap else raw)
+                add_file(f, skip_bad)
             source = f"text files under {path}"
         elif path.is_file():
-            with open(path, "r", encoding="utf-8") as fh:
-                for ln, line in enumerate(fh, 1):
+            with open(path, "rb") as fh:
+                for ln, raw in enumerate(fh, 1):
+                    if ln == 1 and raw.startswith(BOM):
+                        raw = raw[len(BOM):]
+                    where = f"{path}:{ln}"
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        bad(where, f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}: {e.reason})",
+                            skip_bad)
+                        continue
                     if not line.strip():
                         continue
                     try:
                         rec = json.loads(line)
                     except json.JSONDecodeError as e:
-                        raise SystemExit(f"error: {path}:{ln}: not valid JSON ({e})")
+                        bad(where, f"not valid JSON ({e})", skip_bad)
+                        continue
                     if not isinstance(rec, dict) or text_field not in rec:
-                        raise SystemExit(f"error: {path}:{ln}: no field {text_field!r} (use --text-field)")
-                    raw = str(rec[text_field]).encode("utf-8")
-                    docs.append(raw[:cap] if cap else raw)
+                        bad(where, f"no field {text_field!r} (use --text-field)", skip_bad)
+                        continue
+                    text = rec[text_field]
+                    if not isinstance(text, str):
+                        bad(where, f"field {text_field!r} holds {type(text).__name__}, expected a string", skip_bad)
+                        continue
+                    del rec, line
+                    encoded = text.encode("utf-8")
+                    docs.append(encoded[:cap] if cap else encoded)
             source = f"JSONL {path} (field {text_field!r})"
         else:
             raise SystemExit(f"error: --data {data!r} is neither a directory nor a file")
     docs = [d for d in docs if len(d) > 0]
     if not docs:
-        raise SystemExit("error: no non-empty documents found")
-    return docs, source
-
-
-class Packed(NamedTuple):
-    tokens: np.ndarray       # int64 [N, S]
-    labels: np.ndarray       # int64 [N, S], IGNORE where no valid target
-    positions: np.ndarray    # int64 [N, S], position ids
-    sri: np.ndarray          # int32 [N, 1, S, C] startend_row_indices
-    causal: bool
-    segments_per_row: float  # mean number of packed pieces per row
+        raise SystemExit("error: no non-empty documents found"
+                         + (f" ({skipped} skipped as not UTF-8 text or malformed)" if skipped else ""))
+    return Documents(docs, source, skipped)
 
 
 def _split_share_question(n: int, question_frac: float, answer_len: int):
@@ -136,6 +196,88 @@ def _split_share_question(n: int, question_frac: float, answer_len: int):
     return q, answers
 
 
+class Packed:
+    """Documents packed back to back into rows of ``seq_len`` byte tokens.
+
+    Holds the byte stream (uint8, one byte per token) and where the pieces of each row begin; the
+    per-row labels, position ids and ``startend_row_indices`` are built for the rows asked for
+    (``rows``), so memory stays about the size of the input."""
+
+    def __init__(self, stream: np.ndarray, seq_len: int, piece_bounds: np.ndarray, mode: str, *,
+                 question_frac: float, answer_len: int, prefix_frac: float):
+        self.tokens = stream.reshape(-1, seq_len)  # uint8 [N, S]
+        self.seq_len, self.mode = seq_len, mode
+        self.question_frac, self.answer_len, self.prefix_frac = question_frac, answer_len, prefix_frac
+        self.causal = mode != "prefix-lm-document"
+        self.mask_cols = 1 if self.causal else 2
+        self._bounds = piece_bounds  # int64: 0, every document end and row boundary, N * S
+        self._row_first = np.searchsorted(piece_bounds, np.arange(len(self.tokens) + 1) * seq_len)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def segments_per_row(self) -> float:
+        return (len(self._bounds) - 1) / self.n_rows
+
+    def pieces(self, r: int) -> List[int]:
+        """Lengths of the document pieces in row r (they sum to seq_len)."""
+        return np.diff(self._bounds[self._row_first[r]: self._row_first[r + 1] + 1]).tolist()
+
+    def rows(self, idx) -> tuple:
+        """tokens, labels (IGNORE where no valid target), position ids: int64 [n, S];
+        startend_row_indices: int32 [n, 1, S, C] of the rows ``idx``."""
+        idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+        s = self.seq_len
+        tokens = self.tokens[idx].astype(np.int64)
+        labels = np.full((len(idx), s), IGNORE, dtype=np.int64)
+        positions = np.zeros((len(idx), s), dtype=np.int64)
+        rows_lens, rows_sq, rows_prefix = [], [], []
+        for i, r in enumerate(idx):
+            lens = self.pieces(int(r))
+            rows_lens.append(lens)
+            t = tokens[i]
+            off = 0
+            sq_row, pre_row = [], []
+            for n in lens:
+                if self.mode == "share-question":
+                    q, answers = _split_share_question(n, self.question_frac, self.answer_len)
+                    sq_row.append((q, answers))
+                    positions[i, off: off + q] = np.arange(q)
+                    # question: next-token targets inside the question, and the last question token
+                    # predicts the first token of the first answer (visible chain: question -> answer 1)
+                    labels[i, off: off + q - 1] = t[off + 1: off + q]
+                    a0 = off + q
+                    if answers:
+                        labels[i, off + q - 1] = t[a0]
+                    for a in answers:
+                        positions[i, a0: a0 + a] = q + np.arange(a)
+                        labels[i, a0: a0 + a - 1] = t[a0 + 1: a0 + a]  # within the answer only
+                        a0 += a
+                else:
+                    positions[i, off: off + n] = np.arange(n)
+                    first = 0
+                    if self.mode == "prefix-lm-document":
+                        p = int(n * self.prefix_frac)
+                        pre_row.append(p)
+                        # a prefix token sees the whole prefix: the target of positions < p-1 is
+                        # visible to them, so they carry no loss. Position p-1 predicts token p (causal).
+                        first = max(p - 1, 0)
+                    labels[i, off + first: off + n - 1] = t[off + first + 1: off + n]
+                off += n
+            rows_sq.append(sq_row)
+            rows_prefix.append(pre_row)
+        n = len(idx)
+        if self.mode == "causal-document":
+            fm = masks.causal_document(rows_lens, s, batch=n)
+        elif self.mode == "share-question":
+            fm = masks.share_question(rows_sq, s, batch=n)
+        else:
+            fm = masks.prefix_lm_document(rows_lens, rows_prefix, s, batch=n)
+        return tokens, labels, positions, np.ascontiguousarray(fm.startend_row_indices)
+
+
 def pack(docs: List[bytes], seq_len: int, mode: str, *, question_frac: float, answer_len: int,
          prefix_frac: float) -> Packed:
     """Pack documents back to back into rows of ``seq_len`` tokens.
@@ -144,69 +286,18 @@ def pack(docs: List[bytes], seq_len: int, mode: str, *, question_frac: float, an
     as a new piece (the mask keeps the two pieces apart, so nothing leaks across rows). The tail
     of the last row is dropped if incomplete.
     """
-    stream = np.frombuffer(b"".join(docs), dtype=np.uint8).astype(np.int64)
-    n_rows = len(stream) // seq_len
-    if n_rows == 0:
-        raise SystemExit(f"error: only {len(stream)} tokens of data, less than one row of --seq-len {seq_len}")
-    doc_ends = np.cumsum([len(d) for d in docs])
-    tokens = stream[: n_rows * seq_len].reshape(n_rows, seq_len)
-    labels = np.full((n_rows, seq_len), IGNORE, dtype=np.int64)
-    positions = np.zeros((n_rows, seq_len), dtype=np.int64)
-    rows_lens, rows_sq, rows_prefix = [], [], []
-    di = 0
-    for r in range(n_rows):
-        lo, hi = r * seq_len, (r + 1) * seq_len
-        lens = []
-        start = lo
-        while start < hi:
-            while doc_ends[di] <= start:
-                di += 1
-            end = min(int(doc_ends[di]), hi)
-            lens.append(end - start)
-            start = end
-        rows_lens.append(lens)
-        t = tokens[r]
-        off = 0
-        sq_row, pre_row = [], []
-        for n in lens:
-            seg = slice(off, off + n)
-            if mode == "share-question":
-                q, answers = _split_share_question(n, question_frac, answer_len)
-                sq_row.append((q, answers))
-                positions[r, off: off + q] = np.arange(q)
-                # question: next-token targets inside the question, and the last question token
-                # predicts the first token of the first answer (visible chain: question -> answer 1)
-                labels[r, off: off + q - 1] = t[off + 1: off + q]
-                a0 = off + q
-                if answers:
-                    labels[r, off + q - 1] = t[a0]
-                for a in answers:
-                    positions[r, a0: a0 + a] = q + np.arange(a)
-                    labels[r, a0: a0 + a - 1] = t[a0 + 1: a0 + a]  # within the answer only
-                    a0 += a
-            else:
-                positions[r, seg] = np.arange(n)
-                first = 0
-                if mode == "prefix-lm-document":
-                    p = int(n * prefix_frac)
-                    pre_row.append(p)
-                    # a prefix token sees the whole prefix: the target of positions < p-1 is
-                    # visible to them, so they carry no loss. Position p-1 predicts token p (causal).
-                    first = max(p - 1, 0)
-                labels[r, off + first: off + n - 1] = t[off + first + 1: off + n]
-            off += n
-        rows_sq.append(sq_row)
-        rows_prefix.append(pre_row)
-    if mode == "causal-document":
-        fm = masks.causal_document(rows_lens, seq_len)
-    elif mode == "share-question":
-        fm = masks.share_question(rows_sq, seq_len)
-    elif mode == "prefix-lm-document":
-        fm = masks.prefix_lm_document(rows_lens, rows_prefix, seq_len)
-    else:
+    if mode not in ("causal-document", "share-question", "prefix-lm-document"):
         raise ValueError(mode)
-    return Packed(tokens, labels, positions, fm.startend_row_indices, fm.causal,
-                  float(np.mean([len(x) for x in rows_lens])))
+    n_tokens = sum(len(d) for d in docs)
+    n_rows = n_tokens // seq_len
+    if n_rows == 0:
+        raise SystemExit(f"error: only {n_tokens} tokens of data, less than one row of --seq-len {seq_len}")
+    stream = np.frombuffer(b"".join(docs), dtype=np.uint8)[: n_rows * seq_len]
+    total = n_rows * seq_len
+    doc_ends = np.cumsum([len(d) for d in docs], dtype=np.int64)
+    bounds = np.union1d(doc_ends[doc_ends < total], np.arange(0, total + 1, seq_len, dtype=np.int64))
+    return Packed(stream, seq_len, bounds, mode, question_frac=question_frac, answer_len=answer_len,
+                  prefix_frac=prefix_frac)
 
 
 # ---------------------------------------------------------------------------
@@ -222,13 +313,16 @@ class Attention(nn.Layer):
         self.proj = nn.Linear(d_model, d_model)
         self.captured = None  # (q, k, v) when capturing for --check
 
-    def forward(self, x, sri, causal: bool, capture: bool = False):
+    def forward(self, x, sri, causal: bool, capture: bool = False, dense_mask=None):
         b, s, _ = x.shape
         qkv = self.qkv(x).reshape([b, s, 3, self.h, self.d])
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, S, H, D] each
         if capture:
             self.captured = tuple(t.detach().clone() for t in (q, k, v))
-        o = paddle_fm3.flashmask_attention(q, k, v, sri, causal=causal)
+        if dense_mask is None:
+            o = paddle_fm3.flashmask_attention(q, k, v, sri, causal=causal)
+        else:  # Paddle's attention on the dense bool mask (packed rows have no fully masked row)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask, is_causal=False)
         return self.proj(o.reshape([b, s, self.h * self.d]))
 
 
@@ -240,8 +334,8 @@ class Block(nn.Layer):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
-    def forward(self, x, sri, causal, capture=False):
-        x = x + self.attn(self.ln1(x), sri, causal, capture)
+    def forward(self, x, sri, causal, capture=False, dense_mask=None):
+        x = x + self.attn(self.ln1(x), sri, causal, capture, dense_mask)
         return x + self.mlp(self.ln2(x))
 
 
@@ -254,11 +348,88 @@ class ByteLM(nn.Layer):
         self.blocks = nn.LayerList([Block(d_model, n_heads) for _ in range(n_layers)])
         self.ln_f = nn.LayerNorm(d_model)
 
-    def forward(self, tokens, positions, sri, causal: bool, capture: bool = False):
+    def forward(self, tokens, positions, sri, causal: bool, capture: bool = False, dense_mask=None):
         x = self.tok(tokens) + self.pos(positions)
         for blk in self.blocks:
-            x = blk(x, sri, causal, capture)
+            x = blk(x, sri, causal, capture, dense_mask)
         return paddle.matmul(self.ln_f(x), self.tok.weight, transpose_y=True)  # tied output embedding
+
+
+class ByteLMRunner:
+    """The built-in ByteLM: logits with paddle_fm3 attention or Paddle's dense-mask attention."""
+
+    name = "byte"
+
+    def __init__(self, args, max_pos: int):
+        self.model = ByteLM(args.d_model, args.n_heads, args.n_layers, max_pos)
+
+    def logits(self, tokens, positions, sri, causal: bool, dense: bool = False):
+        dense_mask = None
+        if dense:  # bool [B, 1, S, S], True = visible
+            dense_mask = paddle.to_tensor(masks.to_dense(sri.numpy(), causal, tokens.shape[1]))
+        return self.model(tokens, positions, sri, causal, dense_mask=dense_mask)
+
+    def dense_mask_bytes(self, b: int, s: int) -> int:
+        return b * s * s  # bool [B, 1, S, S]
+
+    @property
+    def dense_name(self) -> str:
+        return "paddle.nn.functional.scaled_dot_product_attention, bool [B, 1, S, S] mask"
+
+
+class LlamaRunner:
+    """A PaddleFormers LlamaForCausalLM (byte vocabulary) whose "flashmask" attention is paddle_fm3
+    (paddle_fm3.integrations.paddleformers.install()); dense: PaddleFormers' "eager" attention,
+    which expands attn_mask_startend_row_indices to a float32 [B, 1, S, S] additive mask."""
+
+    name = "llama"
+
+    def __init__(self, args, max_pos: int):
+        from paddleformers.transformers import LlamaConfig, LlamaForCausalLM
+
+        import paddle_fm3.integrations.paddleformers as fm3_pf
+
+        fm3_pf.install()
+        config = LlamaConfig(vocab_size=VOCAB, hidden_size=args.d_model, intermediate_size=4 * args.d_model,
+                             num_hidden_layers=args.n_layers, num_attention_heads=args.n_heads,
+                             num_key_value_heads=args.n_kv_heads or args.n_heads, max_position_embeddings=max_pos,
+                             fuse_rms_norm=False)  # PaddleFormers' fused RMSNorm is GPU-only
+        config._attn_implementation = "flashmask"
+        self.model = LlamaForCausalLM(config)
+
+    def logits(self, tokens, positions, sri, causal: bool, dense: bool = False):
+        self.model.config._attn_implementation = "eager" if dense else "flashmask"
+        if sri is not None and not causal and sri.shape[-1] == 2:
+            # PaddleFormers reads C=2 as causal (LTS, LTE); the same bidirectional mask with C=4 is
+            # (LTS, LTE=S, UTS=0, UTE)
+            s = tokens.shape[1]
+            sri = paddle.stack([sri[..., 0], paddle.full_like(sri[..., 0], s), paddle.zeros_like(sri[..., 0]),
+                                sri[..., 1]], axis=-1)
+        try:
+            return self.model(input_ids=tokens, position_ids=positions, attn_mask_startend_row_indices=sri,
+                              return_dict=True).logits
+        finally:
+            self.model.config._attn_implementation = "flashmask"
+
+    def dense_mask_bytes(self, b: int, s: int) -> int:
+        return 4 * b * s * s  # float32 [B, 1, S, S]
+
+    @property
+    def dense_name(self) -> str:
+        return "PaddleFormers eager attention, float32 [B, 1, S, S] additive mask"
+
+
+def make_runner(args, max_pos: int):
+    """The model to train; SystemExit(2) with a clear message when --model llama lacks PaddleFormers."""
+    if args.model == "byte":
+        return ByteLMRunner(args, max_pos)
+    try:
+        import paddleformers  # noqa: F401
+    except ImportError:
+        print("error: --model llama needs PaddleFormers: pip install paddleformers "
+              "(requirements-dev.txt installs it into .venv)", file=sys.stderr)
+        raise SystemExit(2)
+    return LlamaRunner(args, max_pos)
 
 
 # ---------------------------------------------------------------------------
@@ -354,6 +525,165 @@ def check_against_dense(model: ByteLM, batch, causal: bool, rtol: float, seed: i
 
 
 # ---------------------------------------------------------------------------
+# The run folder: metrics, plot, checkpoint, samples, summary
+# ---------------------------------------------------------------------------
+
+METRIC_FIELDS = ("step", "loss", "lr", "step_s", "tokens_per_s")
+# Arguments a checkpoint must agree with: they fix the data, its order and the model's shapes.
+RESUME_KEYS = ("model", "data", "text_field", "max_doc_len", "skip_bad", "mask", "question_frac", "answer_len",
+               "prefix_frac", "seq_len", "batch_size", "d_model", "n_heads", "n_kv_heads", "n_layers", "eval_rows",
+               "seed")
+
+
+def default_run_dir() -> pathlib.Path:
+    """runs/<timestamp> (with a suffix if that exists) in the current directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, i = pathlib.Path("runs") / stamp, 1
+    while path.exists():
+        path, i = pathlib.Path("runs") / f"{stamp}-{i}", i + 1
+    return path
+
+
+def save_checkpoint(run_dir: pathlib.Path, model, opt, step: int, args) -> None:
+    """checkpoint/ = model.pdparams, optimizer.pdopt (with the LR schedule), state.json; written to a
+    temporary folder first so an interrupted save leaves the previous checkpoint intact."""
+    final, tmp, old = run_dir / "checkpoint", run_dir / "checkpoint.tmp", run_dir / "checkpoint.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    paddle.save(model.state_dict(), str(tmp / "model.pdparams"))
+    paddle.save(opt.state_dict(), str(tmp / "optimizer.pdopt"))
+    state = {"step": step, "args": {k: getattr(args, k) for k in RESUME_KEYS}}
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(run_dir: pathlib.Path, model, opt, args) -> int:
+    """Restore model and optimizer from run_dir/checkpoint; return its step. SystemExit on a missing
+    checkpoint or arguments that differ from the checkpoint's."""
+    ckpt = run_dir / "checkpoint"
+    if not (ckpt / "state.json").is_file():
+        raise SystemExit(f"error: --resume: no checkpoint in {ckpt} (a run folder of scripts/train.py has one)")
+    state = json.loads((ckpt / "state.json").read_text())
+    diff = [f"--{k.replace('_', '-')} {getattr(args, k)!r} (checkpoint: {v!r})"
+            for k, v in state["args"].items() if getattr(args, k, None) != v]
+    if diff:
+        raise SystemExit("error: --resume: arguments differ from the checkpoint's: " + "; ".join(diff))
+    if state["step"] >= args.steps:
+        raise SystemExit(f"error: --resume: the checkpoint is at step {state['step']}, --steps is {args.steps}: "
+                         "pass a larger --steps (the total)")
+    model.set_state_dict(paddle.load(str(ckpt / "model.pdparams")))
+    opt.set_state_dict(paddle.load(str(ckpt / "optimizer.pdopt")))
+    return int(state["step"])
+
+
+def open_metrics(path: pathlib.Path, start_step: int):
+    """metrics.csv for appending, keeping the rows of steps <= start_step (a resumed run)."""
+    kept = []
+    if start_step and path.exists():
+        with open(path, newline="") as fh:
+            kept = [row for row in csv.DictReader(fh) if int(row["step"]) <= start_step]
+    fh = open(path, "w", newline="")
+    writer = csv.DictWriter(fh, fieldnames=METRIC_FIELDS)
+    writer.writeheader()
+    writer.writerows(kept)
+    return fh, writer
+
+
+def plot_metrics(metrics_csv: pathlib.Path, out_png: pathlib.Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(metrics_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    steps = [int(r["step"]) for r in rows]
+    fig, (ax_loss, ax_tok) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    ax_loss.plot(steps, [float(r["loss"]) for r in rows], lw=1)
+    ax_loss.axhline(math.log(VOCAB), color="gray", ls=":", lw=1, label="chance, ln(256)")
+    ax_loss.set_ylabel("training loss (nats/byte)")
+    ax_loss.legend()
+    ax_tok.plot(steps, [float(r["tokens_per_s"]) for r in rows], lw=1, color="tab:green")
+    ax_tok.set_ylabel("tokens/s")
+    ax_tok.set_xlabel("step")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def generate(runner, prompts: np.ndarray, n_new: int, temperature: float, seed: int) -> np.ndarray:
+    """Sample n_new bytes after each prompt (uint8 [n, P]) with causal attention; returns [n, n_new]."""
+    rng = np.random.default_rng(seed)
+    seq = prompts.astype(np.int64)
+    runner.model.eval()
+    with paddle.no_grad():
+        for _ in range(n_new):
+            n, length = seq.shape
+            positions = np.broadcast_to(np.arange(length), (n, length))
+            logits = runner.logits(paddle.to_tensor(seq), paddle.to_tensor(np.ascontiguousarray(positions)), None,
+                                   True)[:, -1].numpy().astype(np.float64)
+            z = logits / temperature
+            p = np.exp(z - z.max(axis=-1, keepdims=True))
+            p /= p.sum(axis=-1, keepdims=True)
+            nxt = np.array([rng.choice(VOCAB, p=row) for row in p])
+            seq = np.concatenate([seq, nxt[:, None]], axis=1)
+    runner.model.train()
+    return seq[:, prompts.shape[1]:].astype(np.uint8)
+
+
+def write_samples(path: pathlib.Path, runner, data: "Packed", row_ids, prompt_len: int, n_new: int, seed: int):
+    prompts = data.tokens[np.asarray(row_ids)][:, :prompt_len]
+    cont = generate(runner, prompts, n_new, 0.8, seed)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(f"# {len(row_ids)} continuations of {n_new} bytes (temperature 0.8) after the first {prompt_len} "
+                 "bytes of held-out rows (training rows when none are held out); bytes that are not UTF-8 "
+                 "show as U+FFFD\n")
+        for i, (r, p, c) in enumerate(zip(row_ids, prompts, cont), 1):
+            fh.write(f"\n=== sample {i} (row {int(r)}) ===\n--- prompt ---\n"
+                     f"{bytes(p).decode('utf-8', 'replace')}\n--- continuation ---\n"
+                     f"{bytes(c).decode('utf-8', 'replace')}\n")
+
+
+def dense_comparison(runner, batch_np, causal: bool, loss_fn) -> dict:
+    """One training step's forward + backward with paddle_fm3 and with Paddle's dense-mask attention
+    on the same batch and weights: time (after one untimed warm-up each), loss, gradient agreement,
+    and mask memory. Gradients are cleared afterwards; the weights do not change."""
+    tokens, labels, positions, sri = (paddle.to_tensor(x) for x in batch_np)
+    b, s = batch_np[0].shape
+    result = {}
+    grads = {}
+    for name, dense in (("fm3", False), ("dense", True)):
+        for timed in (False, True):
+            runner.model.clear_gradients()
+            t0 = time.perf_counter()
+            loss = loss_fn(runner.logits(tokens, positions, sri, causal, dense=dense), labels)
+            loss.backward()
+            elapsed = time.perf_counter() - t0
+        grads[name] = [p.grad.numpy() for p in runner.model.parameters() if p.grad is not None]
+        result[name] = {"step_s": round(elapsed, 4), "loss": float(loss)}
+    runner.model.clear_gradients()
+    grad_err = max(float(np.abs(a - r).max()) / max(float(np.abs(r).max()), 1e-30)
+                   for a, r in zip(grads["fm3"], grads["dense"]))
+    sri_bytes = int(batch_np[3].nbytes)
+    dense_bytes = runner.dense_mask_bytes(b, s)
+    result.update({
+        "dense_attention": runner.dense_name,
+        "batch": [b, s],
+        "speedup": round(result["dense"]["step_s"] / result["fm3"]["step_s"], 3),
+        "loss_rel_diff": abs(result["fm3"]["loss"] - result["dense"]["loss"]) / abs(result["dense"]["loss"]),
+        "grad_max_rel_diff": grad_err,
+        "mask_bytes": {"startend_row_indices": sri_bytes, "dense": dense_bytes,
+                       "ratio": round(dense_bytes / sri_bytes, 1)},
+    })
+    return result
+
+
+# ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
 
@@ -373,6 +703,9 @@ def parse_args(argv=None):
     g.add_argument("--data", default=None,
                    help="folder of text files, or a .jsonl file; default: the Python stdlib's *.py sources")
     g.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
+    g.add_argument("--skip-bad", action="store_true",
+                   help="skip (and count) files that are not UTF-8 text and malformed JSONL lines;\n"
+                        "default: stop with an error naming the file and line")
     g.add_argument("--max-doc-len", type=int, default=1024,
                    help="keep the first N bytes of each document, 0 = whole documents (default: 1024;\n"
                         "stdlib files have a median of ~6.5 KB, so this keeps several documents per row)")
@@ -385,12 +718,18 @@ def parse_args(argv=None):
     g.add_argument("--prefix-frac", type=float, default=0.25,
                    help="prefix-lm-document: fraction of each document that is the prefix (default 0.25)")
     g = p.add_argument_group("model and training")
+    g.add_argument("--model", choices=("byte", "llama"), default="byte",
+                   help="byte: the built-in byte-level transformer (default); llama: a PaddleFormers\n"
+                        "LlamaForCausalLM with its attention through paddle_fm3\n"
+                        "(paddle_fm3.integrations.paddleformers; needs PaddleFormers installed)")
     g.add_argument("--seq-len", type=int, default=512, help="tokens per packed row (default 512)")
     g.add_argument("--batch-size", type=int, default=8, help="rows per step (default 8)")
     g.add_argument("--steps", type=int, default=150, help="optimizer steps (default 150)")
     g.add_argument("--d-model", type=int, default=128)
     g.add_argument("--n-heads", type=int, default=4)
     g.add_argument("--n-layers", type=int, default=4)
+    g.add_argument("--n-kv-heads", type=int, default=0,
+                   help="--model llama: key/value heads (GQA; must divide --n-heads; default 0 = --n-heads)")
     g.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
     g.add_argument("--warmup", type=int, default=15, help="linear warm-up steps, then cosine decay")
     g.add_argument("--weight-decay", type=float, default=0.01)
@@ -399,6 +738,18 @@ def parse_args(argv=None):
     g.add_argument("--seed", type=int, default=0, help="document order, init and batch order (default 0)")
     g.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="CPU math threads for Paddle's dense ops (default: all cores)")
+    g = p.add_argument_group("run folder")
+    g.add_argument("--run-dir", default=None,
+                   help="where the run leaves metrics.csv (per step), loss.png, checkpoint/, samples.txt\n"
+                        "and summary.json (default: runs/<timestamp> in the current directory)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its checkpoint/ up to --steps (the total);\n"
+                        "data, model and batch arguments must match the checkpoint's")
+    g.add_argument("--checkpoint-every", type=int, default=50,
+                   help="also save the checkpoint every N steps (0 = only at the end; default 50)")
+    g.add_argument("--samples", type=int, default=3,
+                   help="continuations to generate into samples.txt at the end (default 3; 0 = none)")
+    g.add_argument("--sample-len", type=int, default=80, help="bytes per generated continuation (default 80)")
     g = p.add_argument_group("checking")
     g.add_argument("--check", action="store_true",
                    help="before training, compare one step's attention output and dq/dk/dv of every\n"
@@ -415,6 +766,10 @@ def parse_args(argv=None):
         p.error("--d-model must be divisible by --n-heads")
     if args.eval_rows < 0 or args.threads < 0:
         p.error("--eval-rows and --threads must be >= 0")
+    if args.checkpoint_every < 0 or args.samples < 0 or args.sample_len < 1:
+        p.error("--checkpoint-every and --samples must be >= 0, --sample-len >= 1")
+    if args.n_kv_heads < 0 or (args.n_kv_heads and args.n_heads % args.n_kv_heads):
+        p.error("--n-kv-heads must divide --n-heads (0 = --n-heads)")
     if not (math.isfinite(args.check_rtol) and args.check_rtol > 0):
         p.error("--check-rtol must be a finite number > 0")
     if not (math.isfinite(args.lr) and args.lr > 0) or not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
@@ -435,52 +790,66 @@ def main(argv=None) -> int:
         paddle.base.core.set_num_threads(args.threads)
     paddle.seed(args.seed)
     rng = np.random.default_rng(args.seed)
+    if args.resume and args.run_dir is None:
+        print("error: --resume needs --run-dir (the run folder to continue)", file=sys.stderr)
+        return 2
+    run_dir = pathlib.Path(args.run_dir) if args.run_dir else default_run_dir()
 
     t0 = time.perf_counter()
-    docs, source = read_documents(args.data, args.text_field, args.max_doc_len)
-    order = rng.permutation(len(docs))
-    docs = [docs[i] for i in order]
+    read = read_documents(args.data, args.text_field, args.max_doc_len, args.skip_bad)
+    order = rng.permutation(len(read.docs))
+    docs = [read.docs[i] for i in order]
+    del read.docs[:]
     data = pack(docs, args.seq_len, args.mask, question_frac=args.question_frac,
                 answer_len=args.answer_len, prefix_frac=args.prefix_frac)
-    n_rows = len(data.tokens)
+    del docs
+    n_rows = data.n_rows
     n_eval = min(args.eval_rows, n_rows // 5)
     train_idx = np.arange(n_rows - n_eval)
     eval_idx = np.arange(n_rows - n_eval, n_rows)
-    if not np.any(data.labels[train_idx] != IGNORE):
+    if not any((data.rows(train_idx[i: i + 256])[1] != IGNORE).any() for i in range(0, len(train_idx), 256)):
         print("error: the packed training rows have no next-token targets (documents of one byte, --seq-len 1, "
               "or a prefix/question covering every document): nothing to train on", file=sys.stderr)
         return 2
-    print(f"data: {len(docs)} documents from {source}; {n_rows * args.seq_len:,} byte tokens packed into "
-          f"{n_rows} rows of {args.seq_len} ({data.segments_per_row:.2f} pieces/row; {len(train_idx)} train, "
-          f"{n_eval} held out) in {time.perf_counter() - t0:.1f}s")
+    skipped = f"; {read.skipped} skipped as not UTF-8 text or malformed" if read.skipped else ""
+    print(f"data: {len(order)} documents from {read.source}{skipped}; {n_rows * args.seq_len:,} byte tokens "
+          f"packed into {n_rows} rows of {args.seq_len} ({data.segments_per_row:.2f} pieces/row; "
+          f"{len(train_idx)} train, {n_eval} held out) in {time.perf_counter() - t0:.1f}s")
 
     b, s, h = args.batch_size, args.seq_len, args.n_heads
-    sri_bytes = b * data.sri.shape[1] * s * data.sri.shape[3] * 4
+    c = data.mask_cols
+    sri_bytes = b * s * c * 4
     dense_bool = b * h * s * s
-    print(f"mask: {args.mask} (causal={data.causal}, C={data.sri.shape[3]}); per step startend_row_indices "
-          f"[{b}, {data.sri.shape[1]}, {s}, {data.sri.shape[3]}] int32 = {human_bytes(sri_bytes)} vs dense "
+    first_sri = data.rows(train_idx[:b])[3]
+    print(f"mask: {args.mask} (causal={data.causal}, C={c}); per step startend_row_indices "
+          f"[{b}, 1, {s}, {c}] int32 = {human_bytes(sri_bytes)} vs dense "
           f"[{b}, {h}, {s}, {s}] mask = {human_bytes(dense_bool)} bool / {human_bytes(4 * dense_bool)} fp32 "
           f"({dense_bool / sri_bytes:,.0f}x / {4 * dense_bool / sri_bytes:,.0f}x smaller); density "
-          f"{masks.density(data.sri[:b], data.causal):.3f}")
+          f"{masks.density(first_sri, data.causal):.3f}")
 
-    model = ByteLM(args.d_model, args.n_heads, args.n_layers, args.seq_len)
+    runner = make_runner(args, args.seq_len)
+    model = runner.model
     n_params = sum(int(np.prod(p.shape)) for p in model.parameters())
-    print(f"model: {args.n_layers} blocks, d_model {args.d_model}, {args.n_heads} heads, {n_params:,} parameters; "
-          f"{args.steps} steps x {b} x {s} tokens")
+    print(f"model: {runner.name}, {args.n_layers} layers, d_model {args.d_model}, {args.n_heads} heads, "
+          f"{n_params:,} parameters; {args.steps} steps x {b} x {s} tokens; run folder {run_dir}")
+
+    def batch_np(idx):
+        return data.rows(idx)
 
     def batch_of(idx):
-        return (paddle.to_tensor(data.tokens[idx]), paddle.to_tensor(data.labels[idx]),
-                paddle.to_tensor(data.positions[idx]), paddle.to_tensor(np.ascontiguousarray(data.sri[idx])))
+        return tuple(paddle.to_tensor(x) for x in batch_np(idx))
 
-    def loss_of(batch):
-        tokens, labels, positions, sri = batch
-        logits = model(tokens, positions, sri, data.causal)
+    def loss_from_logits(logits, labels):
         # Mean over labelled positions only (Paddle 3.3's reduction='mean' with ignore_index
         # divides by all positions).
         flat = labels.reshape([-1])
         per_token = F.cross_entropy(logits.reshape([-1, VOCAB]), flat, ignore_index=IGNORE, reduction="none")
         n_labelled = (flat != IGNORE).astype("float32").sum().clip(min=1.0)
         return per_token.sum() / n_labelled
+
+    def loss_of(batch):
+        tokens, labels, positions, sri = batch
+        return loss_from_logits(runner.logits(tokens, positions, sri, data.causal), labels)
 
     def evaluate():
         if n_eval == 0:
@@ -495,13 +864,6 @@ def main(argv=None) -> int:
     need = args.steps * b
     perm = np.concatenate([rng.permutation(train_idx) for _ in range(need // max(len(train_idx), 1) + 1)])[:need]
 
-    if args.check:
-        if not check_against_dense(model, batch_of(perm[:b]), data.causal, args.check_rtol, args.seed):
-            print("CHECK FAILED: paddle_fm3.flashmask_attention disagrees with Paddle's dense-mask attention",
-                  file=sys.stderr)
-            return 1
-
-    eval_before = evaluate()
     def lr_factor(st: int) -> float:  # linear warm-up, then cosine decay to 10% of the peak
         if st < args.warmup:
             return (st + 1) / args.warmup
@@ -511,12 +873,36 @@ def main(argv=None) -> int:
     sched = paddle.optimizer.lr.LambdaDecay(args.lr, lr_factor)
     opt = paddle.optimizer.AdamW(sched, parameters=model.parameters(), weight_decay=args.weight_decay,
                                  grad_clip=nn.ClipGradByGlobalNorm(1.0))
+    start_step = load_checkpoint(run_dir, model, opt, args) if args.resume else 0
+    if start_step:
+        print(f"resumed from {run_dir / 'checkpoint'} at step {start_step}")
+    run_dir.mkdir(parents=True, exist_ok=True)
 
+    check = "off"
+    if args.check:
+        if runner.name == "byte":
+            ok = check_against_dense(model, batch_of(perm[:b]), data.causal, args.check_rtol, args.seed)
+        else:
+            cmp = dense_comparison(runner, batch_np(perm[:b]), data.causal, loss_from_logits)
+            ok = cmp["loss_rel_diff"] <= args.check_rtol and cmp["grad_max_rel_diff"] <= args.check_rtol
+            print(f"CHECK {'PASSED' if ok else 'FAILED'}: Llama through paddle_fm3 vs PaddleFormers eager attention: "
+                  f"loss rel diff {cmp['loss_rel_diff']:.2e}, max grad rel diff {cmp['grad_max_rel_diff']:.2e} "
+                  f"(tolerance {args.check_rtol:.0e})", file=sys.stdout if ok else sys.stderr)
+        if not ok:
+            print("CHECK FAILED: paddle_fm3.flashmask_attention disagrees with Paddle's dense-mask attention",
+                  file=sys.stderr)
+            return 1
+        check = "passed"
+
+    eval_before = evaluate()
+    metrics_fh, metrics = open_metrics(run_dir / "metrics.csv", start_step)
     losses, step_times = [], []
-    bar = tqdm(range(args.steps), desc="train", unit="step", disable=args.no_progress, dynamic_ncols=True)
+    bar = tqdm(range(start_step, args.steps), desc="train", unit="step", disable=args.no_progress,
+               dynamic_ncols=True)
     t_train = time.perf_counter()
     for step in bar:
         ts = time.perf_counter()
+        lr = opt.get_lr()
         loss = loss_of(batch_of(perm[step * b: (step + 1) * b]))
         loss.backward()
         opt.step()
@@ -529,11 +915,18 @@ def main(argv=None) -> int:
             print(f"error: non-finite loss {lv} at step {step + 1}", file=sys.stderr)
             return 1
         losses.append(lv)
+        metrics.writerow({"step": step + 1, "loss": f"{lv:.6f}", "lr": f"{lr:.6g}",
+                          "step_s": f"{step_times[-1]:.4f}", "tokens_per_s": f"{b * s / step_times[-1]:.1f}"})
+        metrics_fh.flush()
         bar.set_postfix(loss=f"{lv:.3f}", tok_s=f"{b * s / step_times[-1]:,.0f}")
         if args.no_progress and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"step {step + 1}/{args.steps} loss {lv:.4f}")
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
+            save_checkpoint(run_dir, model, opt, step + 1, args)
     bar.close()
+    metrics_fh.close()
     train_s = time.perf_counter() - t_train
+    save_checkpoint(run_dir, model, opt, args.steps, args)
     eval_after = evaluate()
 
     k = max(1, min(10, len(losses) // 5))
@@ -546,9 +939,34 @@ def main(argv=None) -> int:
         print(f"held-out loss: {eval_before:.4f} before -> {eval_after:.4f} after ({n_eval} rows)")
     print(f"throughput: {tok_s:,.0f} tokens/s (excluding the first step); {train_s:.1f}s training, "
           f"{time.perf_counter() - t0:.1f}s total")
+
+    cmp = dense_comparison(runner, batch_np(perm[:b]), data.causal, loss_from_logits)
+    print(f"one step vs {cmp['dense_attention']}: {cmp['fm3']['step_s']:.3f}s vs {cmp['dense']['step_s']:.3f}s "
+          f"({cmp['speedup']:.2f}x); mask {human_bytes(cmp['mask_bytes']['startend_row_indices'])} vs "
+          f"{human_bytes(cmp['mask_bytes']['dense'])}; loss rel diff {cmp['loss_rel_diff']:.1e}")
+    plot_metrics(run_dir / "metrics.csv", run_dir / "loss.png",
+                 f"{runner.name} LM, {args.mask}, {b} x {s} tokens/step ({run_dir.name})")
+    sample_rows = (eval_idx if n_eval else train_idx)[: args.samples]
+    prompt_len = min(48, s // 2)
+    if args.samples:
+        write_samples(run_dir / "samples.txt", runner, data, sample_rows, prompt_len,
+                      min(args.sample_len, s - prompt_len), args.seed)
+    summary = {
+        "args": vars(args), "run_dir": str(run_dir), "model": runner.name, "parameters": n_params,
+        "data": {"source": read.source, "documents": len(order), "skipped": read.skipped, "rows": n_rows,
+                 "train_rows": len(train_idx), "held_out_rows": n_eval, "pieces_per_row": data.segments_per_row},
+        "steps": {"start": start_step, "end": args.steps},
+        "loss": {"first": first, "last": last, "mean_of_steps": k},
+        "held_out_loss": {"before": eval_before if n_eval else None, "after": eval_after if n_eval else None},
+        "tokens_per_s": tok_s, "train_s": train_s, "check": check,
+        "dense_comparison": cmp,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"run folder {run_dir}: metrics.csv, loss.png, checkpoint/, "
+          f"{'samples.txt, ' if args.samples else ''}summary.json")
     print(f"SUMMARY mask={args.mask} steps={args.steps} loss_first={first:.4f} loss_last={last:.4f} "
           f"eval={eval_before:.4f}->{eval_after:.4f} tokens_per_s={tok_s:.0f} train_s={train_s:.1f} "
-          f"mask_bytes={sri_bytes} dense_mask_bytes_bool={dense_bool} check={'passed' if args.check else 'off'}")
+          f"mask_bytes={sri_bytes} dense_mask_bytes_bool={dense_bool} check={check}")
     return 0
 
 

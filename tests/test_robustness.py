@@ -91,11 +91,32 @@ def test_huge_window_equals_no_window():
     np.testing.assert_array_equal(got.numpy(), causal_attention(q, k, v).numpy())
 
 
-@pytest.mark.parametrize("scale", [1e40, 1e300])
+@pytest.mark.parametrize("scale", [1e40, 1e300, float(np.finfo(np.float32).max), 2.4e38])
 def test_softmax_scale_beyond_float32_is_rejected(scale):
+    """float32 max once passed and returned NaN: the kernels scale by softmax_scale * log2(e)."""
     q, k, v = qkv(grad=False)
     with pytest.raises(ValueError, match="softmax_scale"):
         fm3.flashmask_attention(q, k, v, causal=True, softmax_scale=scale)
+
+
+def test_softmax_scale_whose_scores_overflow_is_rejected():
+    q, k, v = (paddle.full([1, 16, 2, 8], 4.0) for _ in range(3))  # scores 1e37 * log2(e) * 8 * 16
+    with pytest.raises(ValueError, match=r"softmax_scale=1e\+37 is too large for these inputs"):
+        fm3.flashmask_attention(q, k, v, causal=True, softmax_scale=1e37)
+    # a large scale whose scores fit is accepted and gives finite output (a hard argmax)
+    q, k, v = qkv(grad=False)
+    out = fm3.flashmask_attention(q, k, v, causal=True, softmax_scale=1e30)
+    assert np.isfinite(out.numpy()).all()
+
+
+def test_heads_seqlen_swapped_names_the_layout():
+    """A [B, H, S, D] tensor once gave 'startend_row_indices.shape[2] must equal key seqlen 2'."""
+    q, k, v = (paddle.randn([1, 2, 16, 8]) for _ in range(3))  # [batch, num_heads, seqlen, head_dim]
+    sri = fm3.masks.causal_document([6, 10], 16).to_paddle()
+    with pytest.raises(ValueError, match=r"\[batch, seqlen, num_heads, head_dim\].*transpose\(\[0, 2, 1, 3\]\)"):
+        fm3.flashmask_attention(q, k, v, sri, causal=True)
+    with pytest.raises(ValueError, match=r"query must be 4-D \[batch, seqlen, num_heads, head_dim\]"):
+        fm3.flashmask_attention(q[0], k, v)
 
 
 def test_numpy_scalars_are_accepted():

@@ -1,0 +1,125 @@
+"""Run PaddleFormers attention through paddle_fm3.
+
+Two lines, before or after PaddleFormers is imported::
+
+    import paddle_fm3.integrations.paddleformers as fm3_pf
+    fm3_pf.install()
+
+Afterwards every PaddleFormers model whose ``config._attn_implementation`` is ``"flashmask"``
+(the SFT/DPO default) or ``"fm3"`` computes attention with ``paddle_fm3.flashmask_attention``,
+which also runs on CPU tensors. PaddleFormers selects the attention function at call time by
+that name in its ``AttentionInterface``; ``install`` registers ours under both names there
+(the class-wide mapping, so every instance sees it), ``uninstall`` restores PaddleFormers' own.
+"""
+
+from __future__ import annotations
+
+import paddle
+
+from ..api import flashmask_attention
+
+NAMES = ("flashmask", "fm3")
+_saved: dict = {}  # name -> PaddleFormers' function (None: the name was not registered), while installed
+
+
+def _interface():
+    try:
+        from paddleformers.nn.attention.interface import AttentionInterface
+    except ImportError as e:
+        raise ImportError("paddle_fm3.integrations.paddleformers needs PaddleFormers: "
+                          "pip install paddleformers") from e
+    return AttentionInterface
+
+
+def attention_forward(module, query, key, value, attention_mask=None, dropout: float = 0.0, sink=None,
+                      scaling: float | None = None, is_causal: bool | None = None,
+                      attn_mask_startend_row_indices=None, **kwargs):
+    """PaddleFormers attention function (the ``AttentionInterface`` signature) on paddle_fm3.
+
+    Args:
+        module: the calling attention layer (``is_causal`` attribute read as in PaddleFormers).
+        query: ``[batch, num_heads, seqlen_q, head_dim]``; key, value:
+            ``[batch, num_kv_heads, seqlen_k, head_dim]`` (PaddleFormers' layout).
+        attention_mask: must be None: paddle_fm3 takes its masks as
+            ``attn_mask_startend_row_indices``.
+        dropout: must be 0 (no attention dropout in paddle_fm3).
+        sink: attention sinks are not handled by paddle_fm3: such calls go to PaddleFormers'
+            own flashmask function.
+        scaling: softmax scale (default ``head_dim ** -0.5``).
+        is_causal: as in PaddleFormers' flashmask backend: C=1 masks are causal, C=4 not, C=2
+            causal unless ``is_causal=False``.
+        attn_mask_startend_row_indices: int32 ``[batch, H_mask, seqlen_k, C]`` (or
+            ``[batch, H_mask, seqlen_k]`` for C=1); None = plain causal attention.
+
+    Returns:
+        ``(out [batch, seqlen_q, num_heads * head_dim], None)``.
+
+    Raises:
+        ValueError: a dense ``attention_mask`` without ``attn_mask_startend_row_indices``.
+        NotImplementedError: ``dropout > 0``.
+        TypeError / ValueError: from ``paddle_fm3.flashmask_attention``'s checks.
+    """
+    sri = attn_mask_startend_row_indices
+    if sink is not None:
+        from paddleformers.nn.attention.flashmask_attention import flashmask_attention_forward
+
+        return flashmask_attention_forward(module, query, key, value, sri, dropout, sink, scaling, is_causal,
+                                           **kwargs)
+    if sri is None and attention_mask is not None:
+        raise ValueError("paddle_fm3 takes masks as attn_mask_startend_row_indices, not a dense "
+                         "attention_mask: pass attn_mask_startend_row_indices (paddle_fm3.masks builds "
+                         "them; a padded batch is a causal_document mask with the padding as a document)")
+    if dropout:
+        raise NotImplementedError(f"paddle_fm3 has no attention dropout (got dropout={dropout}); "
+                                  "set the model's attention_dropout to 0")
+    if sri is not None and sri.ndim == 3:
+        sri = sri.unsqueeze(-1)
+    # PaddleFormers' flashmask backend: C=1 is causal, C=4 bidirectional, otherwise causal
+    # unless said otherwise.
+    if sri is not None and sri.shape[-1] == 1:
+        is_causal = True
+    elif sri is not None and sri.shape[-1] == 4:
+        is_causal = False
+    elif is_causal is None and sri is None:
+        is_causal = query.shape[2] > 1 and getattr(module, "is_causal", True)
+    out = flashmask_attention(query.transpose([0, 2, 1, 3]), key.transpose([0, 2, 1, 3]),
+                              value.transpose([0, 2, 1, 3]), sri,
+                              causal=True if is_causal is None else bool(is_causal), softmax_scale=scaling)
+    return paddle.reshape(out, [0, 0, out.shape[2] * out.shape[3]]), None
+
+
+def install() -> None:
+    """Register ``attention_forward`` as PaddleFormers' ``"flashmask"`` and ``"fm3"`` attention.
+
+    Idempotent. Works whether PaddleFormers was imported before or after (it imports
+    PaddleFormers' attention interface itself; models look the function up at call time).
+
+    Raises:
+        ImportError: PaddleFormers is not installed.
+    """
+    interface = _interface()
+    mapping = interface._global_mapping  # noqa: SLF001 - what AttentionInterface.register writes
+    for name in NAMES:
+        if mapping.get(name) is not attention_forward:
+            _saved[name] = mapping.get(name)
+            interface.register(name, attention_forward)
+
+
+def uninstall() -> None:
+    """Restore PaddleFormers' own ``"flashmask"`` attention and remove ``"fm3"``. Idempotent;
+    a no-op when not installed."""
+    if not _saved:
+        return
+    mapping = _interface()._global_mapping  # noqa: SLF001
+    for name, original in list(_saved.items()):
+        if mapping.get(name) is attention_forward:
+            if original is None:
+                del mapping[name]
+            else:
+                mapping[name] = original
+        del _saved[name]
+
+
+def is_installed() -> bool:
+    """Whether PaddleFormers' ``"flashmask"`` attention is currently paddle_fm3's."""
+    return bool(_saved) and _interface()._global_mapping.get("flashmask") is attention_forward  # noqa: SLF001
