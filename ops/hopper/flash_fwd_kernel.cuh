@@ -47,7 +47,9 @@ struct FwdTraits {
   static constexpr bool kQInRegs = kHeadDim <= 128;
   static constexpr int kMinBlocks = 1;
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "tile shape");
-  static_assert(kChunks >= 8, "the XOR swizzle needs rows of at least 8 chunks");
+  // swz XORs a chunk index with row % 8: a permutation of each row's chunks only when the row
+  // holds whole groups of 8 chunks (head_dim % 64 == 0); else chunks land past the row's end.
+  static_assert(kChunks % 8 == 0, "the XOR swizzle needs head_dim % 64 == 0");
   // Shared memory: Q, two stages of K and of V, the block list, warp counts,
   // two stages of raw mask columns (startend_row_indices rows of partial blocks).
   static constexpr int kQElems = kBlockM * kHeadDim;

@@ -7,10 +7,9 @@ import pytest
 from paddle_fm3 import masks
 
 torch = pytest.importorskip("torch")
-from fm3_gpu_util import DTYPES, check, make_qkv  # noqa: E402
+from fm3_gpu_util import DTYPES, HEAD_DIMS, check, make_qkv  # noqa: E402
 
 FAMILIES = sorted(masks.FAMILIES)
-HEAD_DIMS = (64, 128, 256)
 
 
 def family_mask(name, s, seed, batch=1, num_heads=1):
