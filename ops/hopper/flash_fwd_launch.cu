@@ -133,6 +133,8 @@ extern "C" int fm3_cuda_block_summary(const int32_t* sri, int batch, int mask_he
   if (sri == nullptr || out == nullptr) return fail(err, err_len, "startend_row_indices and out must be non-NULL");
   if (block_n < 1 || batch < 1 || mask_heads < 1 || seqlen_k < 1 || seqlen_q < 1)
     return fail(err, err_len, "sizes must be >= 1");
+  const int64_t shape[4] = {batch, mask_heads, seqlen_k, mask_cols};
+  if (fm3_check_mask_shape(shape, -1, -1, -1, -1, causal, err, err_len) != 0) return 1;
   FM3_CUDA_CHECK(launch_block_summary(sri, batch * mask_heads, seqlen_q, seqlen_k, mask_cols, causal != 0,
                                       block_n, reinterpret_cast<fm3::BlockSummary*>(out),
                                       static_cast<cudaStream_t>(stream)));
