@@ -3,23 +3,17 @@ argument and what was expected, raised before any kernel runs."""
 
 from __future__ import annotations
 
-import numbers
-
-import numpy as np
 import paddle
 
-from . import _config, masks
+from . import _config
+from ._checks import check_bool, check_mask_cols, check_softmax_scale, normalize_window_size  # noqa: F401
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
-VALID_MASK_COLS = {True: (1, 2), False: (2, 4)}
 
 
 def _known(d) -> bool:
     # static graphs may carry -1 (or, under dy2static, a tensor) for unknown dims
     return isinstance(d, int) and d >= 0
-
-
-check_bool = masks._check_bool  # noqa: SLF001 - one bool check for the package (accepts numpy bools)
 
 
 def check_tensor(name: str, x, ndim: int | None = None, dtypes=None) -> None:
@@ -84,9 +78,7 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
         raise ValueError(f"startend_row_indices.shape[1] (mask heads) must be 1, {hk} or {h}, got {hm}")
     if _known(sk) and _known(skm) and skm != sk:
         raise ValueError(f"startend_row_indices.shape[2] must equal key seqlen {sk}, got {skm}")
-    if c not in VALID_MASK_COLS[causal]:
-        raise ValueError(f"startend_row_indices.shape[3] must be one of {VALID_MASK_COLS[causal]} "
-                         f"when causal={causal}, got {c}")
+    check_mask_cols(c, causal)
     # No value check, so no device-to-host copy: every int32 value has Paddle's meaning, read
     # the same way by every kernel (fm3::load_column clamps to [0, seqlen_q]; above seqlen_q
     # means "to the end", negative means 0, an interval with start > end is empty).
@@ -116,25 +108,3 @@ def check_seed_offset(fixed_seed_offset) -> None:
     if fixed_seed_offset.dtype != paddle.int64 or list(fixed_seed_offset.shape) != [2]:
         raise ValueError(f"fixed_seed_offset must be an int64 tensor of shape [2] (seed, offset), got "
                          f"{fixed_seed_offset.dtype} {list(fixed_seed_offset.shape)}")
-
-
-def normalize_window_size(window_size) -> tuple[int, int]:
-    def is_int(x):
-        return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
-
-    if not (is_int(window_size) or isinstance(window_size, (tuple, list))):
-        raise TypeError(f"window_size must be an int or a (left, right) tuple, got {window_size!r}")
-    w = (window_size, window_size) if is_int(window_size) else tuple(window_size)
-    if len(w) != 2 or not all(is_int(x) and x >= 0 for x in w):
-        raise ValueError(f"window_size must be a non-negative int or a pair of them, got {window_size!r}")
-    return int(w[0]), int(w[1])
-
-
-def check_softmax_scale(softmax_scale, head_dim: int) -> float:
-    if softmax_scale is None:
-        return float(head_dim) ** -0.5
-    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not 0 < float(softmax_scale) <= float(np.finfo(np.float32).max):
-        raise ValueError(f"softmax_scale must be a positive number that fits in float32, got {softmax_scale}")
-    return float(softmax_scale)
