@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "flash_bwd_kernel.cuh"
+#include "flash_bwd_mma_sync.cuh"
 #include "flash_bwd_wgmma.cuh"
 #include "fm3_cuda.h"
 #include "launch_common.h"

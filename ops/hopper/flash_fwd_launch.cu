@@ -14,7 +14,7 @@
 #include "fm3_cuda.h"
 #include "launch_common.h"
 #include "fm3_generated_config.h"
-#include "flash_fwd_kernel.cuh"
+#include "flash_fwd_mma_sync.cuh"
 #include "flash_fwd_wgmma.cuh"
 #include "tma_map.cuh"
 

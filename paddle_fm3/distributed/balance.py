@@ -1,6 +1,6 @@
 """HCC-IPO: cardinality-constrained min-max partition of segment weights over CP ranks (numpy only).
 
-FlashMask-3 context parallelism, step 2 (DESIGN.md "Context parallelism"): ``n`` segments with
+Context parallelism, balance (docs/design.md, "Context parallelism"): ``n`` segments with
 non-negative integer weights (the number of not-fully-masked (query tile, key block) pairs of each
 query segment, from the block summary) go to ``P`` ranks, exactly ``n / P`` each, minimizing the
 heaviest rank's load.

@@ -1,6 +1,6 @@
 """The context-parallel plan: segments, balance, localized masks, which KV segments move where.
 
-FlashMask-3 context parallelism (DESIGN.md "Context parallelism"): the global sequence of ``S``
+Context parallelism (docs/design.md, "Context parallelism"): the global sequence of ``S``
 tokens is cut into ``n = S / segment_size`` segments; each of the ``P`` ranks owns ``n / P`` of them
 (HCC-IPO balance on the block-summary workload), holds the queries and keys/values of those
 segments, and receives only the remote KV segments that are not fully masked for its rows. Every

@@ -1,6 +1,7 @@
-// FlashMask forward, step 1 of the Hopper climb: a mask-aware
-// FlashAttention-2-style kernel (Dao 2023, Alg. 1) on mma.sync tensor cores
-// with a two-stage cp.async K/V pipeline, built for sm_90a.
+// FlashMask forward on mma.sync tensor cores: the fallback of the WGMMA kernel
+// (flash_fwd_wgmma.cuh) for the configs it does not cover, layouts TMA cannot
+// describe and FM3_FWD_KERNEL=mma_sync. A mask-aware FlashAttention-2-style
+// kernel (Dao 2023, Alg. 1) with a two-stage cp.async K/V pipeline, built for sm_90a.
 //
 // One CTA = one (batch, head, query tile of kBlockM rows); kWarps warps, 16
 // query rows each. The mask scheduler (mask_scheduler.cuh) turns the block
@@ -21,19 +22,9 @@
 #include "attn_args.h"
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"
-#include "mma_sm80.cuh"
+#include "warp_primitives.cuh"
 
 namespace fm3::hopper {
-
-struct FwdArgs : AttnArgs {
-  void* out;
-  float* lse;
-  const BlockSummary* summary;  // [batch, mask_heads, n_blocks] or nullptr (sri == nullptr)
-  // Persistent WGMMA kernel only: query tiles (batch x heads x tiles) and the zeroed counter
-  // from which CTAs take their next tile.
-  int num_tiles;
-  int* tile_counter;
-};
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
 struct FwdTraits {
