@@ -24,7 +24,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import mask_semantics as _masks
+from . import masks as _masks
 
 __all__ = ["attention_forward", "attention_backward", "dense_visibility"]
 
