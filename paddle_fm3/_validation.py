@@ -3,15 +3,13 @@ argument and what was expected, raised before any kernel runs."""
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import paddle
 
-from . import _config, masks
+from . import _config
+from ._checks import check_bool, check_mask_cols, check_softmax_scale, normalize_window_size  # noqa: F401
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
-VALID_MASK_COLS = {True: (1, 2), False: (2, 4)}
 QKV_LAYOUT = "[batch, seqlen, num_heads, head_dim]"
 # The kernels compute scores as (softmax_scale * log2(e) * q) . k in float32.
 _LOG2E = float(np.log2(np.e))
@@ -21,9 +19,6 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 def _known(d) -> bool:
     # static graphs may carry -1 (or, under dy2static, a tensor) for unknown dims
     return isinstance(d, int) and d >= 0
-
-
-check_bool = masks._check_bool  # noqa: SLF001 - one bool check for the package (accepts numpy bools)
 
 
 def check_tensor(name: str, x, ndim: int | None = None, dtypes=None, layout: str = "") -> None:
@@ -94,9 +89,7 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
                     "with .transpose([0, 2, 1, 3])")
         raise ValueError(f"startend_row_indices.shape[2] must equal key seqlen {sk} (key.shape[1]; query, key, "
                          f"value are {QKV_LAYOUT}, key has shape {list(k.shape)}), got {skm}{hint}")
-    if c not in VALID_MASK_COLS[causal]:
-        raise ValueError(f"startend_row_indices.shape[3] must be one of {VALID_MASK_COLS[causal]} "
-                         f"when causal={causal}, got {c}")
+    check_mask_cols(c, causal)
     # No value check, so no device-to-host copy: every int32 value has Paddle's meaning, read
     # the same way by every kernel (fm3::load_column clamps to [0, seqlen_q]; above seqlen_q
     # means "to the end", negative means 0, an interval with start > end is empty).
@@ -126,29 +119,6 @@ def check_seed_offset(fixed_seed_offset) -> None:
     if fixed_seed_offset.dtype != paddle.int64 or list(fixed_seed_offset.shape) != [2]:
         raise ValueError(f"fixed_seed_offset must be an int64 tensor of shape [2] (seed, offset), got "
                          f"{fixed_seed_offset.dtype} {list(fixed_seed_offset.shape)}")
-
-
-def normalize_window_size(window_size) -> tuple[int, int]:
-    def is_int(x):
-        return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
-
-    if not (is_int(window_size) or isinstance(window_size, (tuple, list))):
-        raise TypeError(f"window_size must be an int or a (left, right) tuple, got {window_size!r}")
-    w = (window_size, window_size) if is_int(window_size) else tuple(window_size)
-    if len(w) != 2 or not all(is_int(x) and x >= 0 for x in w):
-        raise ValueError(f"window_size must be a non-negative int or a pair of them, got {window_size!r}")
-    return int(w[0]), int(w[1])
-
-
-def check_softmax_scale(softmax_scale, head_dim: int) -> float:
-    if softmax_scale is None:
-        return float(head_dim) ** -0.5
-    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not 0 < float(softmax_scale) * _LOG2E <= _FLOAT32_MAX:
-        raise ValueError(f"softmax_scale must be a positive number whose scores fit in float32 (at most "
-                         f"{_FLOAT32_MAX / _LOG2E:.3g}; the usual value is head_dim ** -0.5), got {softmax_scale}")
-    return float(softmax_scale)
 
 
 def check_scores_fit_float32(softmax_scale: float, query, key) -> None:

@@ -9,7 +9,7 @@ import enum
 import numpy as np
 import paddle
 
-from . import masks
+from . import _checks, mask_semantics
 from ._ops import ops
 
 
@@ -41,13 +41,13 @@ def block_classify(startend_row_indices, *, causal: bool, seqlen_q: int, block_m
         malformed ``block_mask`` (shape, values other than 0/1).
     """
     for name, val in (("seqlen_q", seqlen_q), ("block_m", block_m), ("block_n", block_n)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or not 1 <= val <= masks.MAX_SEQLEN:
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or not 1 <= val <= _checks.MAX_SEQLEN:
             raise ValueError(f"{name} must be an int in [1, 2^31 - 1], got {val!r}")
     sri = startend_row_indices
     arr = sri.numpy() if isinstance(sri, paddle.Tensor) else np.asarray(sri)
     if isinstance(sri, paddle.Tensor) and sri.dtype != paddle.int32:
         raise TypeError(f"startend_row_indices must be int32, got {sri.dtype}")
-    arr, _ = masks.validate_startend_row_indices(arr, causal, int(seqlen_q))  # checks causal too; clamps
+    arr, _ = mask_semantics.validate_startend_row_indices(arr, causal, int(seqlen_q))  # checks causal too; clamps
     sri = paddle.to_tensor(np.ascontiguousarray(arr, dtype=np.int32), place=paddle.CPUPlace())
     if block_mask is not None:
         bm = block_mask.numpy() if isinstance(block_mask, paddle.Tensor) else np.asarray(block_mask)

@@ -7,8 +7,13 @@ Paddle's ops.yaml / backward.yaml) and yaml/kernel_configs.yaml, and writes:
   and dtype inference for every declared op;
 - <out_dir>/fm3_ops_generated.h: prototypes of the kernel functions that
   ops/paddle/ must implement (a signature drift is a compile error);
-- <out_dir>/fm3_generated_config.h: tile configs as C++ constants;
+- <out_dir>/fm3_generated_config.h: tile configs as C++ constants, each Hopper config with the
+  kernel that serves it (WGMMA or mma.sync);
 - paddle_fm3/_config.py: the same configs for Python (when --py-config given).
+
+A kernel config that no kernel serves correctly (a head dim the mma.sync kernel's swizzle cannot
+lay out, a tile shape past shared memory, a forward head dim without a backward config) stops
+the generator, and so the build, with a message naming the head dim (check_kernel_configs).
 
 Usage: python scripts/gen_ops.py --out-dir build/generated [--py-config paddle_fm3/_config.py]
 """
@@ -190,37 +195,165 @@ def gen_prototypes(decls: list[OpDecl]) -> str:
     return HEADER + "#pragma once\n#include <vector>\n#include \"paddle/extension.h\"\n\n" + "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------
+# Kernel configs: which kernel serves each Hopper config, and the checks that a
+# config some kernel cannot serve fails here (naming the head dim), not at run time.
+# ---------------------------------------------------------------------------
+
+SMEM_LIMIT = 227 * 1024  # shared memory per block on sm90
+BLOCK_MASK_SIZE = 128  # fm3::kBlockMaskSize: a WGMMA tile lies inside one block_mask block
+WGMMA = "wgmma"  # warp-specialized TMA + WGMMA kernel (flash_fwd_wgmma.cuh / flash_bwd_wgmma.cuh)
+MMA_SYNC = "mma_sync"  # mma.sync kernel (flash_fwd_mma_sync.cuh / flash_bwd_mma_sync.cuh)
+
+
+class ConfigError(ValueError):
+    """A kernel config that no kernel serves correctly."""
+
+
+def _ints(section: str, c: dict, keys: tuple[str, ...]) -> dict:
+    if not isinstance(c, dict) or set(c) != set(keys):
+        raise ConfigError(f"{section}: every entry needs exactly the keys {list(keys)}, got {c!r}")
+    for k in keys:
+        if isinstance(c[k], bool) or not isinstance(c[k], int) or c[k] < 1:
+            raise ConfigError(f"{section} head_dim {c.get('head_dim')}: {k} must be a positive integer, got {c[k]!r}")
+    return dict(c)
+
+
+def fwd_kernel(c: dict) -> str:
+    """Kernel that serves a forward config: the WGMMA kernel where it covers the tile shape
+    (flash_fwd_wgmma.cuh's WgTraits), else the mma.sync kernel. The mma.sync kernel is built for
+    every config: it also serves layouts TMA cannot describe and FM3_FWD_KERNEL=mma_sync."""
+    hd, bm, bn, st, wg = (c[k] for k in ("head_dim", "block_m", "block_n", "stages", "consumer_warpgroups"))
+    covered = (hd in (64, 128, 256) and bn in (64, 128) and wg in (1, 2) and bm == 64 * wg and 2 <= st <= 16
+               and BLOCK_MASK_SIZE % bm == 0 and BLOCK_MASK_SIZE % bn == 0)
+    return WGMMA if covered else MMA_SYNC
+
+
+def bwd_kernel(c: dict) -> str:
+    """Kernel that serves a backward config: the WGMMA kernel for head_dim 64/128 with 64 x 128
+    tiles (flash_bwd_wgmma.cuh's BwdWgTraits), else the mma.sync kernel (built for every config)."""
+    covered = (c["head_dim"] in (64, 128) and c["block_m"] == 64 and c["block_n"] == 128
+               and 2 <= c["stages"] <= 16)
+    return WGMMA if covered else MMA_SYNC
+
+
+def check_fwd_mma_sync(c: dict) -> None:
+    """The forward mma.sync kernel's requirements (FwdTraits in flash_fwd_mma_sync.cuh)."""
+    hd, bm, bn, wg = c["head_dim"], c["block_m"], c["block_n"], c["consumer_warpgroups"]
+    where = f"sm90 head_dim {hd}"
+    if hd % 64 != 0:
+        raise ConfigError(f"{where}: no kernel serves it; the mma.sync kernel's XOR swizzle of 16-byte chunks "
+                          f"needs head_dim % 64 == 0 and the WGMMA kernel serves 64, 128, 256")
+    if bm != 64 * wg:
+        raise ConfigError(f"{where}: block_m ({bm}) must be 64 rows per consumer warpgroup "
+                          f"(64 x consumer_warpgroups = {64 * wg})")
+    if bn % 16 != 0:
+        raise ConfigError(f"{where}: block_n ({bn}) must be a multiple of 16")
+    threads = 2 * bm  # bm / 16 warps
+    if (bn * hd // 8) % threads != 0:
+        raise ConfigError(f"{where}: a {bn}-row K/V tile does not divide among {threads} threads "
+                          f"(block_n * head_dim / 8 must be a multiple of 2 * block_m)")
+    smem = 2 * (bm * hd + 4 * bn * hd) + 4 * (threads + 32) + 4 * 2 * 4 * bn
+    if smem > SMEM_LIMIT:
+        raise ConfigError(f"{where}: the mma.sync kernel needs {smem} bytes of shared memory, "
+                          f"more than {SMEM_LIMIT}")
+
+
+def check_bwd_mma_sync(c: dict) -> None:
+    """The backward mma.sync kernels' requirements (BwdTraits in flash_bwd_mma_sync.cuh)."""
+    hd, bm, bn = c["head_dim"], c["block_m"], c["block_n"]
+    where = f"sm90_bwd head_dim {hd}"
+    if hd % 64 != 0:
+        raise ConfigError(f"{where}: no kernel serves it; the mma.sync kernel's XOR swizzle of 16-byte chunks "
+                          f"needs head_dim % 64 == 0 and the WGMMA kernel serves 64, 128")
+    if bm != 64:
+        raise ConfigError(f"{where}: block_m must be 64 (the warp layouts of the backward), got {bm}")
+    if bn not in (64, 128):
+        raise ConfigError(f"{where}: block_n must be 64 or 128, got {bn}")
+    ints = 4 * (4 * bn + 256 + 32)
+    col = 2 * (2 * bn * hd + 4 * bm * hd + 2 * bm * bn) + ints
+    row = 2 * (2 * bm * hd + 4 * bn * hd + bm * bn) + ints
+    if max(col, row) > SMEM_LIMIT:
+        raise ConfigError(f"{where}: the mma.sync kernels need {max(col, row)} bytes of shared memory, "
+                          f"more than {SMEM_LIMIT}")
+
+
+def check_kernel_configs(cfg: dict) -> dict:
+    """Validate yaml/kernel_configs.yaml; return it with each sm90 / sm90_bwd entry's ``kernel``.
+
+    Raises ConfigError (naming the head dim) for a config no kernel serves correctly, a head dim
+    listed twice, a forward head dim without a backward config (or the reverse), or a head dim
+    past cpu.max_head_dim (the API's bound).
+    """
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("cpu"), dict):
+        raise ConfigError("kernel_configs.yaml needs a 'cpu' section")
+    cpu = _ints("cpu", cfg["cpu"], ("block_m", "block_n", "max_head_dim"))
+    fwd = [_ints("sm90", c, ("head_dim", "block_m", "block_n", "stages", "consumer_warpgroups"))
+           for c in cfg.get("sm90") or []]
+    bwd = [_ints("sm90_bwd", c, ("head_dim", "block_m", "block_n", "stages")) for c in cfg.get("sm90_bwd") or []]
+    for section, entries, check, kernel in (("sm90", fwd, check_fwd_mma_sync, fwd_kernel),
+                                            ("sm90_bwd", bwd, check_bwd_mma_sync, bwd_kernel)):
+        seen = set()
+        for c in entries:
+            hd = c["head_dim"]
+            if hd in seen:
+                raise ConfigError(f"{section} head_dim {hd} is listed twice")
+            seen.add(hd)
+            if hd > cpu["max_head_dim"]:
+                raise ConfigError(f"{section} head_dim {hd} exceeds cpu.max_head_dim {cpu['max_head_dim']} "
+                                  f"(the API rejects it)")
+            if not 2 <= c["stages"] <= 16:
+                raise ConfigError(f"{section} head_dim {hd}: stages must be in [2, 16], got {c['stages']}")
+            check(c)
+            c["kernel"] = kernel(c)
+    fwd_dims, bwd_dims = {c["head_dim"] for c in fwd}, {c["head_dim"] for c in bwd}
+    for hd in sorted(fwd_dims - bwd_dims):
+        raise ConfigError(f"sm90 head_dim {hd} has no sm90_bwd config: every forward head dim needs a backward")
+    for hd in sorted(bwd_dims - fwd_dims):
+        raise ConfigError(f"sm90_bwd head_dim {hd} has no sm90 (forward) config")
+    return {"cpu": cpu, "sm90": fwd, "sm90_bwd": bwd}
+
+
 def gen_config_header(cfg: dict) -> str:
+    """C++ constants of a config checked by check_kernel_configs."""
     cpu = cfg["cpu"]
     lines = [HEADER, "#pragma once\n", "namespace fm3 {\n",
              f"constexpr int kCpuBlockM = {int(cpu['block_m'])};",
              f"constexpr int kCpuBlockN = {int(cpu['block_n'])};",
              f"constexpr int kCpuMaxHeadDim = {int(cpu['max_head_dim'])};", "",
              "// Hopper forward tile configs: FM3_SM90_CONFIGS(X) calls",
-             "// X(head_dim, block_m, block_n, stages, consumer_warpgroups) per entry.",
+             "// X(head_dim, block_m, block_n, stages, consumer_warpgroups, wgmma) per entry; wgmma = 1: the",
+             "// WGMMA kernel serves it (the mma.sync kernel then serves layouts TMA cannot describe), 0: the",
+             "// mma.sync kernel alone.",
+             *[f"//   head_dim {c['head_dim']}: {c['kernel']}" for c in cfg["sm90"]],
              "#define FM3_SM90_CONFIGS(X) \\"]
-    for c in cfg.get("sm90", []):
-        lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}, {c['consumer_warpgroups']}) \\")
-    if cfg.get("sm90_bwd"):
-        lines += ["", "// Hopper backward tile configs: FM3_SM90_BWD_CONFIGS(X) calls",
-                  "// X(head_dim, block_m, block_n, stages) per entry.",
-                  "#define FM3_SM90_BWD_CONFIGS(X) \\"]
-        for c in cfg["sm90_bwd"]:
-            lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}) \\")
+    for c in cfg["sm90"]:
+        lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}, {c['consumer_warpgroups']}, "
+                     f"{int(c['kernel'] == WGMMA)}) \\")
+    lines += ["", "// Hopper backward tile configs: FM3_SM90_BWD_CONFIGS(X) calls",
+              "// X(head_dim, block_m, block_n, stages, wgmma) per entry (wgmma as above).",
+              *[f"//   head_dim {c['head_dim']}: {c['kernel']}" for c in cfg["sm90_bwd"]],
+              "#define FM3_SM90_BWD_CONFIGS(X) \\"]
+    for c in cfg["sm90_bwd"]:
+        lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}, {int(c['kernel'] == WGMMA)}) \\")
     lines += ["", "}  // namespace fm3", ""]
     return "\n".join(lines)
 
 
 def gen_py_config(cfg: dict) -> str:
+    """paddle_fm3/_config.py of a config checked by check_kernel_configs."""
     cpu = cfg["cpu"]
-    sm90 = [dict(c) for c in cfg.get("sm90", [])]
     return (
-        '"""GENERATED by scripts/gen_ops.py from yaml/kernel_configs.yaml. Do not edit."""\n\n'
+        '"""GENERATED by scripts/gen_ops.py from yaml/kernel_configs.yaml. Do not edit.\n\n'
+        "Each SM90 entry's ``kernel`` says which kernel serves it: 'wgmma' (the warp-specialized\n"
+        "TMA/WGMMA kernel; the mma.sync kernel serves layouts TMA cannot describe) or 'mma_sync'.\n"
+        '"""\n\n'
         f"CPU_BLOCK_M = {int(cpu['block_m'])}\n"
         f"CPU_BLOCK_N = {int(cpu['block_n'])}\n"
         f"CPU_MAX_HEAD_DIM = {int(cpu['max_head_dim'])}\n"
-        f"SM90_CONFIGS = {sm90!r}\n"
-        f"SM90_HEAD_DIMS = {tuple(sorted(c['head_dim'] for c in sm90))!r}\n"
+        f"SM90_CONFIGS = {cfg['sm90']!r}\n"
+        f"SM90_BWD_CONFIGS = {cfg['sm90_bwd']!r}\n"
+        f"SM90_HEAD_DIMS = {tuple(sorted(c['head_dim'] for c in cfg['sm90']))!r}\n"
     )
 
 
@@ -236,13 +369,17 @@ def main(argv=None) -> None:
     ap.add_argument("--out-dir", type=pathlib.Path, required=True)
     ap.add_argument("--py-config", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
+    cfg_path = args.yaml_dir / "kernel_configs.yaml"
+    try:  # before writing anything: a config no kernel serves stops the build here
+        cfg = check_kernel_configs(yaml.safe_load(cfg_path.read_text()))
+    except ConfigError as e:
+        raise SystemExit(f"gen_ops: {cfg_path}: {e}") from None
     fwd, bwd = load_decls(args.yaml_dir)
     decls = list(fwd.values()) + list(bwd.values())
     body = "".join(gen_op(d) for d in decls)
     write_if_changed(args.out_dir / "fm3_ops_generated.cc",
                      HEADER + '#include "fm3_ops_generated.h"\n' + body)
     write_if_changed(args.out_dir / "fm3_ops_generated.h", gen_prototypes(decls))
-    cfg = yaml.safe_load((args.yaml_dir / "kernel_configs.yaml").read_text())
     write_if_changed(args.out_dir / "fm3_generated_config.h", gen_config_header(cfg))
     if args.py_config:
         write_if_changed(args.py_config, gen_py_config(cfg))

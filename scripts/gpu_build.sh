@@ -8,7 +8,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${1:-$ROOT/.devbuild}"
 NVCC="${NVCC:-nvcc}"
 mkdir -p "$OUT/gen"
-python3 "$ROOT/scripts/gen_ops.py" --out-dir "$OUT/gen"
+# paddle_fm3/_config.py too: the GPU tests take their head dims from it.
+python3 "$ROOT/scripts/gen_ops.py" --out-dir "$OUT/gen" --py-config "$ROOT/paddle_fm3/_config.py"
 CUTLASS_INC="${CUTLASS_INC:-$(python3 - <<'PY' 2>/dev/null || true
 import os, cutlass_library
 print(os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include"))

@@ -50,7 +50,7 @@ def paddle_flashmask_to_densemask(sri, causal):
 
 
 def loop_to_dense(sri, causal, sq):
-    """The DESIGN.md table, element by element, for any S_q (bottom-right causal)."""
+    """The semantics table (paddle_fm3.masks, docs/design.md), element by element, for any S_q (bottom-right causal)."""
     b, h, sk, c = sri.shape
     out = np.zeros((b, h, sq, sk), dtype=bool)
     for bi in range(b):

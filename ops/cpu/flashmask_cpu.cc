@@ -343,7 +343,7 @@ int check(const fm3_fwd_params& p, char* err, size_t n) {
     std::snprintf(err, n, "num_heads (%d) must be a multiple of num_heads_k (%d)", p.num_heads, p.num_heads_k);
     return 1;
   }
-  return 0;
+  return fm3_check_params_mask(&p, err, n);
 }
 
 }  // namespace
@@ -380,6 +380,8 @@ extern "C" int fm3_cpu_classify(const int32_t* sri, const int32_t* bm, int batch
     std::snprintf(err, err_len, "block_m and block_n must be positive, got %d and %d", block_m, block_n);
     return 1;
   }
+  const int64_t shape[4] = {batch, mask_heads, seqlen_k, mask_cols};
+  if (fm3_check_mask_shape(shape, -1, -1, -1, -1, causal, err, err_len) != 0) return 1;
   const MaskPlan plan(sri, bm, batch, mask_heads, seqlen_q, seqlen_k, mask_cols, causal != 0, block_n);
   const int n_mtiles = ceil_div(seqlen_q, block_m), n_nblocks = ceil_div(seqlen_k, block_n);
   for (int b = 0; b < batch; ++b)

@@ -44,11 +44,8 @@ extern "C" int fm3_cpu_segment_workload(const int32_t* sri, int batch, int mask_
     std::snprintf(err, err_len, "batch, mask_heads and seqlen must be >= 1, got %d, %d, %d", batch, mask_heads, seqlen);
     return 1;
   }
-  if (causal ? !(mask_cols == 1 || mask_cols == 2) : !(mask_cols == 2 || mask_cols == 4)) {
-    std::snprintf(err, err_len, "mask_cols %d is not valid with causal=%d (causal: 1 or 2; non-causal: 2 or 4)",
-                  mask_cols, causal);
-    return 1;
-  }
+  const int64_t shape[4] = {batch, mask_heads, seqlen, mask_cols};
+  if (fm3_check_mask_shape(shape, -1, -1, -1, -1, causal, err, err_len) != 0) return 1;
   if (tile < 1 || segment_size < tile || segment_size % tile != 0 || seqlen % segment_size != 0) {
     std::snprintf(err, err_len, "need tile | segment_size | seqlen, got tile %d, segment_size %d, seqlen %d",
                   tile, segment_size, seqlen);

@@ -126,12 +126,12 @@ void expect_int32_contiguous(const View& v) {
   if (!v.contiguous()) throw py::value_error(v.name + " must be contiguous");
 }
 
-// startend_row_indices' last dimension C for the causal flag (the forward, backward, block summary
-// and CP workload entries).
-void expect_mask_cols(int64_t C, bool causal) {
-  if (causal ? !(C == 1 || C == 2) : !(C == 2 || C == 4))
-    throw py::value_error(std::string("startend_row_indices.shape[3] must be ") +
-                          (causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False") + ", got " + std::to_string(C));
+// fm3_check_mask_shape (params.h) of a 4-D startend_row_indices; a negative expected size is not checked.
+void expect_mask_shape(const int64_t* shape, int64_t batch, int64_t seqlen_k, int64_t num_heads, int64_t num_heads_k,
+                       bool causal) {
+  char err[256] = {0};
+  if (fm3_check_mask_shape(shape, batch, seqlen_k, num_heads, num_heads_k, causal ? 1 : 0, err, sizeof err) != 0)
+    throw py::value_error(err);
 }
 
 // A 4-D startend_row_indices whose dimensions must fit the C ABI's int.
@@ -263,12 +263,7 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
     expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
     Hm = s.shape[1];
     const int64_t C = s.shape[3];
-    if (s.shape[0] != B || s.shape[2] != Sk)
-      throw py::value_error("startend_row_indices must have shape [batch=" + std::to_string(B) + ", mask_heads, seqlen_k=" +
-                            std::to_string(Sk) + ", C], got " + s.shape_str());
-    if (Hm != 1 && Hm != Hk && Hm != H)
-      throw py::value_error("startend_row_indices.shape[1] must be 1, num_heads_k or num_heads, got " + std::to_string(Hm));
-    expect_mask_cols(C, causal);
+    expect_mask_shape(s.shape.data(), B, Sk, H, Hk, causal);
     expect_int32_contiguous(s);
     sri_view = std::move(s);
     p.mask_heads = static_cast<int>(Hm);
@@ -332,7 +327,7 @@ void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, 
   expect_int32_contiguous(s);
   expect_int32_contiguous(o);
   if (block_n < 1) throw py::value_error("block_n must be >= 1, got " + std::to_string(block_n));
-  expect_mask_cols(s.shape[3], causal);
+  expect_mask_shape(s.shape.data(), -1, -1, -1, -1, causal);
   if (seqlen_q < 1) throw py::value_error("seqlen_q must be >= 1, got " + std::to_string(seqlen_q));
   expect_mask_dims(s.shape.data());
   const int64_t nb = (s.shape[2] + block_n - 1) / block_n;
@@ -352,9 +347,9 @@ py::tuple segment_workload(py::array_t<int32_t, py::array::c_style | py::array::
     throw py::value_error("startend_row_indices must be 4-D [batch, mask_heads, seqlen, C], got " +
                           std::to_string(sri.ndim()) + "-D");
   const int64_t C = sri.shape(3);
-  expect_mask_cols(C, causal);
-  if (segment_size < 1) throw py::value_error("segment_size must be positive, got " + std::to_string(segment_size));
   const int64_t shape[4] = {sri.shape(0), sri.shape(1), sri.shape(2), sri.shape(3)};
+  expect_mask_shape(shape, -1, -1, -1, -1, causal);
+  if (segment_size < 1) throw py::value_error("segment_size must be positive, got " + std::to_string(segment_size));
   expect_mask_dims(shape);
   const int64_t n = sri.shape(2) / segment_size;
   py::array_t<int64_t> weights(n);

@@ -1,7 +1,9 @@
-// Arguments every Hopper attention kernel takes (passed by value as
-// __grid_constant__ parameters; FwdArgs and BwdArgs extend them).
+// Arguments of the Hopper attention kernels, passed by value as __grid_constant__ parameters:
+// AttnArgs (every kernel), FwdArgs (the forward kernels), BwdArgs (the backward kernels).
 #pragma once
 #include <stdint.h>
+
+#include "fm3/mask.h"  // BlockSummary
 
 namespace fm3::hopper {
 
@@ -18,4 +20,33 @@ struct AttnArgs {
   bool causal;
 };
 
+struct FwdArgs : AttnArgs {
+  void* out;
+  float* lse;
+  const BlockSummary* summary;  // [batch, mask_heads, n_blocks] or nullptr (sri == nullptr)
+  // Persistent WGMMA kernel only: query tiles (batch x heads x tiles) and the zeroed counter
+  // from which CTAs take their next tile.
+  int num_tiles;
+  int* tile_counter;
+};
+
+namespace bwd {
+
+// Rows of lse2/delta per (batch, head) are padded to a multiple of this.
+constexpr int kLsePad = 128;
+
+struct BwdArgs : AttnArgs {
+  const void* dout;        // strides o_* (as out)
+  void* dq;                // strides q_*
+  void* dk;                // strides k_*
+  void* dv;                // strides v_*
+  float* dq_accum;         // [batch, num_heads, seqlen_q, head_dim] fp32, zeroed (atomic mode)
+  const float* lse2;       // [batch, num_heads, lse_stride], log2 units, +inf for empty rows and padding
+  const float* delta;      // [batch, num_heads, lse_stride], 0 in the padding
+  const BlockSummary* summary;  // [batch, mask_heads, n_kblocks] with block_n = kBlockN; nullptr if sri == nullptr
+  int lse_stride;          // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
+  float scale;             // softmax_scale
+};
+
+}  // namespace bwd
 }  // namespace fm3::hopper

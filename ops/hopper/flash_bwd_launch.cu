@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "flash_bwd_kernel.cuh"
+#include "flash_bwd_mma_sync.cuh"
 #include "flash_bwd_wgmma.cuh"
 #include "fm3_cuda.h"
 #include "launch_common.h"
@@ -21,7 +21,7 @@ namespace fm3::hopper::bwd {
 namespace {
 
 int bwd_block_n(int head_dim) {
-#define FM3_X(hd, bm, bn, st) \
+#define FM3_X(hd, bm, bn, st, wgmma) \
   if (head_dim == hd) return bn;
   FM3_SM90_BWD_CONFIGS(FM3_X)
 #undef FM3_X
@@ -49,7 +49,7 @@ int launch_dq(const BwdArgs& args, bool deterministic, bool tiled, cudaStream_t 
   return 0;
 }
 
-// Step 1: mma.sync column-parallel kernel (every config).
+// The mma.sync column-parallel kernel (built for every config).
 template <typename T, int D, int BM, int BN>
 int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
   using Tr = BwdTraits<T, D, BM, BN>;
@@ -61,10 +61,10 @@ int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* e
   return launch_dq<T, D, BM, BN>(args, deterministic, false, stream, err, err_len);
 }
 
-// Step 2: warp-specialized TMA + WGMMA kernel, for the configs it covers (head_dim 64/128,
-// block_m 64, block_n 128) unless FM3_BWD_KERNEL=mma_sync asks for step 1 (read per call, so a
-// test can switch paths in-process). Returns -1 when not applicable (layout TMA cannot describe).
-constexpr bool wgmma_covers(int hd, int bm, int bn) { return (hd == 64 || hd == 128) && bm == 64 && bn == 128; }
+// The warp-specialized TMA + WGMMA kernel, for the configs the generator marks wgmma
+// (scripts/gen_ops.py, bwd_kernel) unless FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernel
+// (read per call, so a test can switch paths in-process). Returns -1 when not applicable (a
+// layout TMA cannot describe).
 
 bool env_is(const char* name, const char* value) {  // read per call, so a test can switch in-process
   const char* e = std::getenv(name);
@@ -95,7 +95,7 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
 template <typename T>
 int dispatch(const BwdArgs& args, int head_dim, bool deterministic, const void* out, const float* lse,
              cudaStream_t stream, char* err, size_t err_len) {
-#define FM3_X(hd, bm, bn, st)                                                                                    \
+#define FM3_X(hd, bm, bn, st, wgmma)                                                                             \
   if (head_dim == hd) {                                                                                         \
     const int64_t rows = static_cast<int64_t>(args.batch) * args.num_heads * args.lse_stride;                   \
     bwd_preprocess_kernel<T, hd><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(                    \
@@ -103,7 +103,7 @@ int dispatch(const BwdArgs& args, int head_dim, bool deterministic, const void* 
         const_cast<float*>(args.lse2), args.o_bs, args.o_rs, args.o_hs, args.num_heads, args.seqlen_q,          \
         args.lse_stride, rows);                                                                                 \
     FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
-    if constexpr (wgmma_covers(hd, bm, bn)) {                                                                   \
+    if constexpr (wgmma) {                                                                                      \
       const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, deterministic, stream, err, err_len);      \
       if (rc >= 0) return rc;                                                                                   \
     }                                                                                                           \

@@ -1,4 +1,4 @@
-// FlashMask backward, step 2 of the Hopper climb: warp-specialized TMA + WGMMA
+// FlashMask backward on Hopper: warp-specialized TMA + WGMMA
 // (the FlashAttention-3 backward structure, Shah et al. 2024, made
 // mask-aware as FlashMask, arXiv:2410.01359), built for sm_90a.
 //
@@ -55,10 +55,10 @@
 
 #include <type_traits>
 
-#include "flash_bwd_kernel.cuh"  // BwdArgs, classify_pair, no_mask_summary, mask_head
+#include "flash_bwd_mma_sync.cuh"  // BwdArgs, classify_pair, no_mask_summary, mask_head
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"
-#include "mma_sm80.cuh"  // Mma<T>::pack, fast_exp2
+#include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
 #include "sm90_primitives.cuh"
 
 namespace fm3::hopper::sm90 {

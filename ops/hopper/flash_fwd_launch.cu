@@ -14,11 +14,11 @@
 #include "fm3_cuda.h"
 #include "launch_common.h"
 #include "fm3_generated_config.h"
-#include "flash_fwd_kernel.cuh"
+#include "flash_fwd_mma_sync.cuh"
 #include "flash_fwd_wgmma.cuh"
 #include "tma_map.cuh"
 
-// FM3_NO_WGMMA=1 at compile time builds only the step-1 (mma.sync) kernel.
+// FM3_NO_WGMMA=1 at compile time builds only the mma.sync kernel.
 #ifndef FM3_NO_WGMMA
 #define FM3_NO_WGMMA 0
 #endif
@@ -39,16 +39,9 @@ int launch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) 
   return 0;
 }
 
-// ---- step 2: warp-specialized TMA + WGMMA kernel ---------------------------
-// Used for every sm90 config it covers (head_dim 64/128/256, block_m 64 per
-// consumer warpgroup, block_n 64/128); the step-1 kernel stays the fallback for
-// the rest, for layouts TMA cannot describe, and when the environment variable
-// FM3_FWD_KERNEL=mma_sync asks for it.
-constexpr bool wgmma_covers(int hd, int bm, int bn, int wg) {
-  return !FM3_NO_WGMMA && (hd == 64 || hd == 128 || hd == 256) && (bn == 64 || bn == 128) && bm == 64 * wg &&
-         (wg == 1 || wg == 2);
-}
-
+// The warp-specialized TMA + WGMMA kernel serves the configs the generator marks wgmma
+// (scripts/gen_ops.py, fwd_kernel); the mma.sync kernel serves the others, layouts TMA cannot
+// describe, and every config when FM3_FWD_KERNEL=mma_sync asks for it.
 bool force_mma_sync() {  // read per call (cheap), so a test can switch paths in-process
   const char* e = std::getenv("FM3_FWD_KERNEL");
   return e != nullptr && std::strcmp(e, "mma_sync") == 0;
@@ -99,7 +92,7 @@ int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* e
 }
 
 int block_n_for(int head_dim) {
-#define FM3_X(hd, bm, bn, st, wg) \
+#define FM3_X(hd, bm, bn, st, wg, wgmma) \
   if (head_dim == hd) return bn;
   FM3_SM90_CONFIGS(FM3_X)
 #undef FM3_X
@@ -108,10 +101,10 @@ int block_n_for(int head_dim) {
 
 template <typename T>
 int dispatch(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, size_t err_len) {
-#define FM3_X(hd, bm, bn, st, wg)                                                     \
+#define FM3_X(hd, bm, bn, st, wg, wgmma)                                              \
   if (head_dim == hd) {                                                               \
     static_assert(bm == 16 * 4 * wg, "block_m must be 64 rows per consumer warpgroup"); \
-    if constexpr (wgmma_covers(hd, bm, bn, wg)) {                                     \
+    if constexpr (wgmma && !FM3_NO_WGMMA) {                                           \
       const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, stream, err, err_len); \
       if (rc >= 0) return rc;                                                         \
     }                                                                                 \
@@ -140,6 +133,8 @@ extern "C" int fm3_cuda_block_summary(const int32_t* sri, int batch, int mask_he
   if (sri == nullptr || out == nullptr) return fail(err, err_len, "startend_row_indices and out must be non-NULL");
   if (block_n < 1 || batch < 1 || mask_heads < 1 || seqlen_k < 1 || seqlen_q < 1)
     return fail(err, err_len, "sizes must be >= 1");
+  const int64_t shape[4] = {batch, mask_heads, seqlen_k, mask_cols};
+  if (fm3_check_mask_shape(shape, -1, -1, -1, -1, causal, err, err_len) != 0) return 1;
   FM3_CUDA_CHECK(launch_block_summary(sri, batch * mask_heads, seqlen_q, seqlen_k, mask_cols, causal != 0,
                                       block_n, reinterpret_cast<fm3::BlockSummary*>(out),
                                       static_cast<cudaStream_t>(stream)));

@@ -1,5 +1,5 @@
 // FlashMask forward on Hopper: persistent, warp-specialized TMA + WGMMA
-// (DESIGN.md "Hopper kernel shape"; step 3 in BENCHMARKS.md), built for sm_90a.
+// (docs/design.md, "Kernels"), built for sm_90a.
 //
 // Persistent: one CTA per SM, 128 * (1 + kConsumerWGs) threads, takes query
 // tiles (batch, head, kBlockM = 64 * kConsumerWGs rows) one after another from
@@ -36,10 +36,10 @@
 #include <math_constants.h>
 #include <stdint.h>
 
-#include "flash_fwd_kernel.cuh"  // FwdArgs
+#include "attn_args.h"  // FwdArgs
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"
-#include "mma_sm80.cuh"  // Mma<T>::pack, fast_exp2, smem_u32
+#include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2, smem_u32
 #include "sm90_primitives.cuh"
 
 // Measured and not kept (H200, D=128, S=32K; BENCHMARKS.md): a software-pipelined

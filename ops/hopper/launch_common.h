@@ -58,18 +58,7 @@ inline int check_attn_params(const fm3_fwd_params* p, bool has_config, char* err
     if (s % 8 != 0)
       return fail(err, err_len, "every batch/row/head stride must be a multiple of 8 elements, got %lld",
                   static_cast<long long>(s));
-  if (p->startend_row_indices != nullptr || p->block_mask != nullptr) {
-    const int hm = p->mask_heads;
-    if (hm != 1 && hm != p->num_heads_k && hm != p->num_heads)
-      return fail(err, err_len, "mask_heads must be 1, num_heads_k or num_heads, got %d", hm);
-  }
-  if (p->startend_row_indices != nullptr) {
-    const int c = p->mask_cols;
-    const bool ok = p->causal ? (c == 1 || c == 2) : (c == 2 || c == 4);
-    if (!ok)
-      return fail(err, err_len, "mask_cols %d is not valid with causal=%d (causal: 1 or 2; non-causal: 2 or 4)", c,
-                  p->causal);
-  }
+  if (fm3_check_params_mask(p, err, err_len) != 0) return 1;
   if (!(p->softmax_scale > 0.f)) return fail(err, err_len, "softmax_scale must be > 0, got %g", p->softmax_scale);
   return 0;
 }

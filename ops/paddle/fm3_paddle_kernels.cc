@@ -61,11 +61,8 @@ fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, con
   FM3_CHECK_ARG(ks[0] == B && ks[3] == D && v.shape() == ks, "k and v must have shape [batch, seqlen_k, num_heads_k, head_dim] "
            "with q's batch and head_dim");
   FM3_CHECK_ARG(H % Hk == 0, "num_heads must be a multiple of num_heads_k");
-  FM3_CHECK_ARG(ss[0] == B && ss[2] == Sk, "startend_row_indices must have shape [batch, mask_heads, seqlen_k, C] with "
-           "q's batch and k's seqlen_k");
-  FM3_CHECK_ARG(ss[1] == 1 || ss[1] == Hk || ss[1] == H, "startend_row_indices.shape[1] must be 1, num_heads_k or num_heads");
-  FM3_CHECK_ARG(causal ? (ss[3] == 1 || ss[3] == 2) : (ss[3] == 2 || ss[3] == 4),
-           "startend_row_indices.shape[3] must be 1 or 2 with causal=True, 2 or 4 with causal=False");
+  char err[256] = {0};
+  FM3_CHECK_ARG(fm3_check_mask_shape(ss.data(), B, Sk, H, Hk, causal ? 1 : 0, err, sizeof(err)) == 0, err);
   if (block_mask) {
     const auto& bs = block_mask->shape();
     FM3_CHECK_ARG(block_mask->dtype() == paddle::DataType::INT32 && bs.size() == 4 && bs[0] == B && bs[1] == ss[1] &&

@@ -9,7 +9,7 @@ Usage (every rank holds the same global mask; no communication to plan)::
     out = plan.undispatch(out_l)      # global order on every rank
     plan.stats()                      # loads, max/mean, KV volume vs ring, segments skipped
 
-Steps (DESIGN.md "Context parallelism"): localize (``localize``), balance (``balance.hcc_ipo``),
+Steps (docs/design.md, "Context parallelism"): localize (``localize``), balance (``balance.hcc_ipo``),
 plan (``plan``), execute (``executor``); communication behind ``comm.Communicator``.
 """
 

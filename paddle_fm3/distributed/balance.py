@@ -1,6 +1,6 @@
 """HCC-IPO: cardinality-constrained min-max partition of segment weights over CP ranks (numpy only).
 
-FlashMask-3 context parallelism, step 2 (DESIGN.md "Context parallelism"): ``n`` segments with
+Context parallelism, balance (docs/design.md, "Context parallelism"): ``n`` segments with
 non-negative integer weights (the number of not-fully-masked (query tile, key block) pairs of each
 query segment, from the block summary) go to ``P`` ranks, exactly ``n / P`` each, minimizing the
 heaviest rank's load.
@@ -130,13 +130,13 @@ def hcc_ipo(weights, num_ranks: int, *, exact_limit: int = 1 << 12, three_way_ma
         TypeError: ``num_ranks`` not an int, ``rel_tol`` not a number.
         ValueError: bad sizes, negative weights, ``rel_tol`` negative or not finite.
     """
-    from .. import masks  # noqa: PLC0415 - numpy only
+    from .. import _checks  # noqa: PLC0415 - numpy only
 
-    num_ranks = masks._check_int("num_ranks", num_ranks, lo=1)
-    exact_limit = masks._check_int("exact_limit", exact_limit, lo=1)
-    three_way_max_m = masks._check_int("three_way_max_m", three_way_max_m, lo=0)
-    three_way_candidates = masks._check_int("three_way_candidates", three_way_candidates, lo=2)
-    max_moves = masks._check_int("max_moves", max_moves, lo=0)
+    num_ranks = _checks.check_int("num_ranks", num_ranks, lo=1)
+    exact_limit = _checks.check_int("exact_limit", exact_limit, lo=1)
+    three_way_max_m = _checks.check_int("three_way_max_m", three_way_max_m, lo=0)
+    three_way_candidates = _checks.check_int("three_way_candidates", three_way_candidates, lo=2)
+    max_moves = _checks.check_int("max_moves", max_moves, lo=0)
     if isinstance(rel_tol, bool) or not isinstance(rel_tol, numbers.Real):
         raise TypeError(f"rel_tol must be a number, got {type(rel_tol).__name__}")
     if not (math.isfinite(rel_tol) and rel_tol >= 0):

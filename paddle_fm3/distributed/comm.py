@@ -74,10 +74,10 @@ class PlanOnlyCommunicator(Communicator):
     """A (rank, world_size) pair without a process group: plans, stats, simulation."""
 
     def __init__(self, rank: int, world_size: int):
-        from .. import masks  # noqa: PLC0415 - numpy only
+        from .. import _checks  # noqa: PLC0415 - numpy only
 
-        world_size = masks._check_int("world_size", world_size, lo=1)
-        rank = masks._check_int("rank", rank, lo=0, hi=world_size - 1)
+        world_size = _checks.check_int("world_size", world_size, lo=1)
+        rank = _checks.check_int("rank", rank, lo=0, hi=world_size - 1)
         self.rank, self.world_size = rank, world_size
 
     def exchange(self, sends, recvs):

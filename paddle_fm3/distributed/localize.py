@@ -1,6 +1,6 @@
 """Localization of a global FlashMask to one rank's query rows (numpy only, zero communication).
 
-FlashMask-3 context parallelism, step 1 (DESIGN.md "Context parallelism"). A rank owns the query
+Context parallelism, localization (docs/design.md, "Context parallelism"). A rank owns the query
 rows of its segments ``s_0 < s_1 < ... < s_{m-1}`` (each ``segment_size`` rows), stacked in that
 order. A global row bound ``r`` maps to the number of the rank's rows below it,
 
@@ -11,16 +11,17 @@ which is monotone, so every masked interval ``[a, e)`` of global rows becomes th
 ``[local(a), local(e))`` of local rows holding exactly the rank's rows of ``[a, e)``. Applied
 elementwise (clip, shift, max) to LTS/LTE/UTS/UTE. Key columns stay global.
 
-A causal mask is first written out explicitly (the causal triangle becomes ``UTS = 0, UTE[j] = j``,
-bottom-right aligned with ``S_q == S_k``), because after re-ordering the local row order no longer
-follows the key order. The result is always a non-causal ``C = 4`` mask.
+The mask is first normalized to its four vectors by :func:`paddle_fm3.mask_semantics.column_bounds`
+(the mirror of ``fm3::load_column``): a causal triangle becomes ``UTS = 0, UTE[j] = j`` (S_q == S_k),
+because after re-ordering the local row order no longer follows the key order. The result is
+always a non-causal ``C = 4`` mask.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import masks
+from .. import _checks, mask_semantics
 
 __all__ = ["explicit_four_column", "local_row_bound", "localize"]
 
@@ -39,31 +40,8 @@ def explicit_four_column(startend_row_indices, causal: bool) -> np.ndarray:
         TypeError / ValueError: as :func:`paddle_fm3.masks.validate_startend_row_indices` (not an
             integer array, wrong rank or C, non-bool causal). Values are read clamped to ``[0, S]``.
     """
-    a, _ = masks.validate_startend_row_indices(startend_row_indices, causal)
-    return _explicit_four_column(a, causal)
-
-
-def _explicit_four_column(a: np.ndarray, causal: bool) -> np.ndarray:
-    """:func:`explicit_four_column` of a mask that already passed validation."""
-    b, h, s, c = a.shape
-    out = np.empty((b, h, s, 4), dtype=np.int64)
-    if causal:
-        if c not in (1, 2):
-            raise ValueError(f"startend_row_indices: causal=True needs C in (1, 2), got {c}")
-        out[..., 0] = a[..., 0]
-        out[..., 1] = a[..., 1] if c == 2 else s
-        out[..., 2] = 0
-        out[..., 3] = np.arange(s, dtype=np.int64)  # rows i < j cannot see key j
-    elif c == 2:
-        out[..., 0] = a[..., 0]
-        out[..., 1] = s
-        out[..., 2] = 0
-        out[..., 3] = a[..., 1]
-    elif c == 4:
-        out[...] = a
-    else:
-        raise ValueError(f"startend_row_indices: causal=False needs C in (2, 4), got {c}")
-    return out
+    a, s = mask_semantics.validate_startend_row_indices(startend_row_indices, causal)
+    return mask_semantics._column_bounds(a, bool(causal), s)  # noqa: SLF001 - the package's one normalizer
 
 
 def local_row_bound(r, segments, segment_size: int) -> np.ndarray:
@@ -84,7 +62,7 @@ def local_row_bound(r, segments, segment_size: int) -> np.ndarray:
         TypeError / ValueError: ``segment_size`` not an int >= 1; ``segments`` not a non-empty,
             1-D, strictly ascending list of integer indices >= 0.
     """
-    segment_size = masks._check_int("segment_size", segment_size, lo=1)
+    segment_size = _checks.check_int("segment_size", segment_size, lo=1)
     segs = np.asarray(segments)
     if segs.dtype == np.bool_ or not np.issubdtype(segs.dtype, np.integer):
         raise TypeError(f"segments must be integer segment indices, got dtype {segs.dtype}")
@@ -124,12 +102,13 @@ def localize(startend_row_indices, causal: bool, segments, segment_size: int) ->
 
 def _localize_checked(startend_row_indices: np.ndarray, causal: bool, segments, segment_size: int) -> np.ndarray:
     """:func:`localize` of a mask that already passed validation (the CP plan checks it once)."""
-    return _localize(_explicit_four_column(startend_row_indices, bool(causal)), segments, segment_size)
+    four = mask_semantics._column_bounds(startend_row_indices, bool(causal), startend_row_indices.shape[2])  # noqa: SLF001
+    return _localize(four, segments, segment_size)
 
 
 def _localize(four: np.ndarray, segments, segment_size: int) -> np.ndarray:
     s = four.shape[2]
-    segment_size = masks._check_int("segment_size", segment_size, lo=1, hi=s)
+    segment_size = _checks.check_int("segment_size", segment_size, lo=1, hi=s)
     if s % segment_size:
         raise ValueError(f"segment_size ({segment_size}) must divide the sequence length {s}")
     segs = np.asarray(segments)

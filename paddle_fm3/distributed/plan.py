@@ -1,6 +1,6 @@
 """The context-parallel plan: segments, balance, localized masks, which KV segments move where.
 
-FlashMask-3 context parallelism (DESIGN.md "Context parallelism"): the global sequence of ``S``
+Context parallelism (docs/design.md, "Context parallelism"): the global sequence of ``S``
 tokens is cut into ``n = S / segment_size`` segments; each of the ``P`` ranks owns ``n / P`` of them
 (HCC-IPO balance on the block-summary workload), holds the queries and keys/values of those
 segments, and receives only the remote KV segments that are not fully masked for its rows. Every
@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import masks as _masks
+from .. import _checks, mask_semantics
 from ..kernels import check_segment_sizes
 from .balance import hcc_ipo
 from .comm import Communicator, default_communicator
@@ -31,8 +31,8 @@ TILE = 128  # query tile / key block of the workload summary (the kernels' kBloc
 def default_segment_size(seqlen: int, num_ranks: int) -> int:
     """Largest-count split with segments of at least ``min(2048, S/(2P))`` tokens: up to 16
     segments per rank (so balance has room), never fewer than 2 (dual-chunk) when S allows."""
-    seqlen = _masks._check_int("seqlen", seqlen, lo=1)
-    num_ranks = _masks._check_int("num_ranks", num_ranks, lo=1)
+    seqlen = _checks.check_int("seqlen", seqlen, lo=1)
+    num_ranks = _checks.check_int("num_ranks", num_ranks, lo=1)
     floor = min(2048, max(1, seqlen // (2 * num_ranks)))
     for per_rank in (16, 8, 4, 2, 1):
         if seqlen % (num_ranks * per_rank) == 0 and seqlen // (num_ranks * per_rank) >= floor:
@@ -47,7 +47,7 @@ def _check_mask(startend_row_indices, causal) -> np.ndarray:
     sri = startend_row_indices
     if hasattr(sri, "numpy") and not isinstance(sri, np.ndarray):
         sri = sri.numpy()
-    arr, _ = _masks.validate_startend_row_indices(sri, bool(causal))
+    arr, _ = mask_semantics.validate_startend_row_indices(sri, bool(causal))
     if arr.shape[0] < 1 or arr.shape[1] < 1:
         raise ValueError(f"startend_row_indices must have batch and mask heads >= 1, got shape {arr.shape}")
     return np.ascontiguousarray(arr, dtype=np.int32)
@@ -184,7 +184,7 @@ def build_layout(startend_row_indices, causal, num_ranks: int, segment_size: Opt
 def _build_layout(sri: np.ndarray, causal: bool, num_ranks, segment_size, extras, segments, tile) -> CPLayout:
     """:func:`build_layout` of masks that already passed :func:`_check_mask` (``extras``: checked pairs)."""
     b, hm, s, _ = sri.shape
-    num_ranks = _masks._check_int("num_ranks", num_ranks, lo=1)
+    num_ranks = _checks.check_int("num_ranks", num_ranks, lo=1)
     if segment_size is None:
         segment_size = default_segment_size(s, num_ranks)
     segment_size, tile = check_segment_sizes(s, segment_size, tile)
@@ -336,7 +336,7 @@ class CPPlan:
         to report bytes; otherwise volumes are in tokens.
         """
         if bytes_per_token is not None:
-            bytes_per_token = _masks._check_int("bytes_per_token", bytes_per_token, lo=1)
+            bytes_per_token = _checks.check_int("bytes_per_token", bytes_per_token, lo=1)
         lay = self.layout
         loads = lay.loads()
         mean = loads.mean() if loads.size else 0.0

@@ -1,4 +1,4 @@
-"""One context-parallel attention step (FlashMask-3 CP step 4), independent of the framework.
+"""One context-parallel attention step (docs/design.md, "Context parallelism"), independent of the framework.
 
 The schedule, written once for every caller (the Paddle PyLayer in ``executor.py``; the torch
 scripts ``scripts/cp_torch_run.py`` and ``scripts/cp_rank_compute.py``):

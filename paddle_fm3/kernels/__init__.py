@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import masks  # numpy only: importing it needs no Paddle
+from .. import _checks, mask_builders, mask_semantics  # numpy only: importing them needs no Paddle
 
 __all__ = ["flashmask_fwd", "flashmask_bwd", "block_summary", "block_n", "bwd_block_n", "segment_workload",
            "check_segment_sizes", "MAX_SEGMENTS", "available"]
@@ -57,7 +57,7 @@ def block_n(head_dim: int) -> int:
 
 
 def _head_dim(head_dim) -> int:
-    return masks._check_int("head_dim", head_dim, lo=0, hi=masks.MAX_SEQLEN)
+    return _checks.check_int("head_dim", head_dim, lo=0, hi=_checks.MAX_SEQLEN)
 
 
 def _shape(name, x):
@@ -70,26 +70,21 @@ def _shape(name, x):
 def _common_args(q, k, startend_row_indices, causal, softmax_scale, window_size, stream):
     """Checks shared by the forward and backward entries; returns (startend_row_indices, causal,
     scale), the window converted to startend_row_indices as Paddle does."""
-    causal = masks._check_bool("causal", causal)
+    causal = _checks.check_bool("causal", causal)
     _check_stream(stream)
     qs, ks = _shape("q", q), _shape("k", k)
     if len(qs) != 4:
         raise ValueError(f"q must be 4-D [batch, seqlen_q, num_heads, head_dim], got shape {list(qs)}")
     if qs[3] < 1:
         raise ValueError(f"q: head_dim must be >= 1, got {qs[3]}")
-    if softmax_scale is None:
-        softmax_scale = qs[3] ** -0.5
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
-        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
-    if not 0 < softmax_scale <= float(np.finfo(np.float32).max):
-        raise ValueError(f"softmax_scale must be a finite float32 > 0, got {softmax_scale}")
+    softmax_scale = _checks.check_softmax_scale(softmax_scale, qs[3])
     if window_size is not None:
         if startend_row_indices is not None:
             raise ValueError("pass either startend_row_indices or window_size, not both")
         if len(ks) != 4:
             raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
-        startend_row_indices = masks.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
-    return startend_row_indices, causal, float(softmax_scale)
+        startend_row_indices = mask_builders.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
+    return startend_row_indices, causal, softmax_scale
 
 
 def _check_stream(stream) -> None:
@@ -163,7 +158,7 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
         ValueError: shapes, strides, devices, head_dim or scale out of contract.
         RuntimeError: a CUDA error from the kernel launch.
     """
-    deterministic = masks._check_bool("deterministic", deterministic)
+    deterministic = _checks.check_bool("deterministic", deterministic)
     for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _shape(name, x)
     startend_row_indices, causal, softmax_scale = _common_args(
@@ -185,9 +180,9 @@ def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, blo
         TypeError: non-bool ``causal``, non-integer sizes, non-int32 tensors.
         ValueError: shapes, devices or C out of contract; ``seqlen_q`` or ``block_n`` < 1.
     """
-    causal = masks._check_bool("causal", causal)
-    seqlen_q = masks._check_int("seqlen_q", seqlen_q, lo=1, hi=masks.MAX_SEQLEN)
-    block_n = masks._check_int("block_n", block_n, lo=1, hi=masks.MAX_SEQLEN)
+    causal = _checks.check_bool("causal", causal)
+    seqlen_q = _checks.check_int("seqlen_q", seqlen_q, lo=1, hi=_checks.MAX_SEQLEN)
+    block_n = _checks.check_int("block_n", block_n, lo=1, hi=_checks.MAX_SEQLEN)
     _check_stream(stream)
     _ext().block_summary(startend_row_indices, out, causal, seqlen_q, block_n, int(stream))
 
@@ -212,7 +207,7 @@ def segment_workload(startend_row_indices, segment_size: int, tile: int, causal:
         TypeError: a non-integer mask, non-bool ``causal``, non-integer sizes.
         ValueError: a mask that fails validation; sizes not positive or not with ``tile | segment_size | S``.
     """
-    arr, seqlen = masks.validate_startend_row_indices(startend_row_indices, causal)
+    arr, seqlen = mask_semantics.validate_startend_row_indices(startend_row_indices, causal)
     segment_size, tile = check_segment_sizes(seqlen, segment_size, tile)
     if segment_size % tile:
         raise ValueError(f"tile ({tile}) must divide segment_size ({segment_size})")
@@ -229,9 +224,9 @@ def check_segment_sizes(seqlen: int, segment_size, tile):
     Raises:
         TypeError: a non-integer size. ValueError: the conditions above.
     """
-    seqlen = masks._check_int("seqlen", seqlen, lo=1, hi=masks.MAX_SEQLEN)
-    segment_size = masks._check_int("segment_size", segment_size, lo=1, hi=seqlen)
-    tile = masks._check_int("tile", tile, lo=1)
+    seqlen = _checks.check_int("seqlen", seqlen, lo=1, hi=_checks.MAX_SEQLEN)
+    segment_size = _checks.check_int("segment_size", segment_size, lo=1, hi=seqlen)
+    tile = _checks.check_int("tile", tile, lo=1)
     if seqlen % segment_size:
         raise ValueError(f"seqlen ({seqlen}) must be divisible by segment_size ({segment_size})")
     if seqlen // segment_size > MAX_SEGMENTS:

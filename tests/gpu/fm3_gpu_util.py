@@ -2,8 +2,12 @@
 import numpy as np
 import torch
 
-from paddle_fm3 import kernels, masks, reference
+from paddle_fm3 import _config, kernels, masks, reference
 
+# Every head dim of yaml/kernel_configs.yaml (paddle_fm3/_config.py, written by scripts/gen_ops.py):
+# a head dim added there is tested here.
+HEAD_DIMS = _config.SM90_HEAD_DIMS
+BWD_HEAD_DIMS = tuple(sorted(c["head_dim"] for c in _config.SM90_BWD_CONFIGS))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOL = {"bf16": 1e-2, "fp16": 2e-3}  # relative Frobenius error of out
 

@@ -3,9 +3,9 @@ blocks, tail tiles (S_q != S_k, odd), both dQ modes."""
 import numpy as np
 import torch
 
-from paddle_fm3 import kernels, masks
+from paddle_fm3 import _config, kernels, masks
 
-for d in (64, 128, 256):
+for d in _config.SM90_HEAD_DIMS:  # every head dim of yaml/kernel_configs.yaml
     sq, sk = 200, 333
     fm = masks.FAMILIES["global_sliding_window"](sk, np.random.default_rng(0))
     sri = torch.from_numpy(np.ascontiguousarray(np.minimum(fm.startend_row_indices, sq), dtype=np.int32)).cuda()

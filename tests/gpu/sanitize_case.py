@@ -2,9 +2,9 @@
 import numpy as np
 import torch
 
-from paddle_fm3 import kernels, masks
+from paddle_fm3 import _config, kernels, masks
 
-for d in (64, 128, 256):
+for d in _config.SM90_HEAD_DIMS:  # every head dim of yaml/kernel_configs.yaml
     s = 200
     fm = masks.FAMILIES["global_sliding_window"](s, np.random.default_rng(0))
     sri = torch.from_numpy(np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)).cuda()

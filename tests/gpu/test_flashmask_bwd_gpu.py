@@ -20,10 +20,9 @@ import pytest
 from paddle_fm3 import kernels, masks, reference
 
 torch = pytest.importorskip("torch")
-from fm3_gpu_util import DTYPES, make_qkv  # noqa: E402
+from fm3_gpu_util import BWD_HEAD_DIMS as HEAD_DIMS, DTYPES, make_qkv  # noqa: E402
 
 FAMILIES = sorted(masks.FAMILIES)
-HEAD_DIMS = (64, 128, 256)
 BWD_TOL = {"bf16": 1e-2, "fp16": 2e-3}
 
 

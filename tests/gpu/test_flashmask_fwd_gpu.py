@@ -7,10 +7,9 @@ import pytest
 from paddle_fm3 import masks
 
 torch = pytest.importorskip("torch")
-from fm3_gpu_util import DTYPES, check, make_qkv, run_kernel  # noqa: E402
+from fm3_gpu_util import DTYPES, HEAD_DIMS, check, make_qkv, run_kernel  # noqa: E402
 
 FAMILIES = sorted(masks.FAMILIES)
-HEAD_DIMS = (64, 128, 256)
 
 
 def family_mask(name, s, seed, batch=1, num_heads=1):
@@ -209,7 +208,7 @@ def test_persistent_many_tiles_per_cta(d, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["causal_document", "document", "share_question", "global_sliding_window"])
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", HEAD_DIMS)
 def test_values_outside_seqlen_q(family, d):
     """Out-of-range mask values (Paddle's meaning: above seqlen_q reads as seqlen_q, negative as 0) in the
     Hopper forward: the same output, bit for bit, as the clamped mask, which is checked against float64."""

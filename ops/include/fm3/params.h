@@ -5,6 +5,7 @@
 #define FM3_PARAMS_H_
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,6 +48,46 @@ typedef struct {
   void* dv;
   int deterministic;
 } fm3_bwd_params;
+
+/* The shape rule of startend_row_indices, checked here for every C/C++ entry (the Paddle op,
+ * the DLPack binding, the CPU and CUDA entries, the CP workload):
+ * [batch, mask_heads, seqlen_k, C] with mask_heads in {1, num_heads_k, num_heads} and C in
+ * {1, 2} when causal, {2, 4} otherwise. A negative expected size (batch, seqlen_k, num_heads,
+ * num_heads_k) or a negative shape[3] is not checked: the caller does not know it or there is no
+ * startend_row_indices (a block_mask alone). Returns 0, or 1 with the message in err. */
+static inline int fm3_check_mask_shape(const int64_t shape[4], int64_t batch, int64_t seqlen_k,
+                                       int64_t num_heads, int64_t num_heads_k, int causal,
+                                       char* err, size_t err_len) {
+  const int64_t hm = shape[1], c = shape[3];
+  if ((batch >= 0 && shape[0] != batch) || (seqlen_k >= 0 && shape[2] != seqlen_k)) {
+    snprintf(err, err_len,
+             "startend_row_indices must have shape [batch=%lld, mask_heads, seqlen_k=%lld, C], got [%lld, %lld, "
+             "%lld, %lld]", (long long)batch, (long long)seqlen_k, (long long)shape[0], (long long)shape[1],
+             (long long)shape[2], (long long)shape[3]);
+    return 1;
+  }
+  if (num_heads >= 0 && num_heads_k >= 0 && hm != 1 && hm != num_heads_k && hm != num_heads) {
+    snprintf(err, err_len, "startend_row_indices.shape[1] must be 1, num_heads_k (%lld) or num_heads (%lld), got %lld",
+             (long long)num_heads_k, (long long)num_heads, (long long)hm);
+    return 1;
+  }
+  if (c >= 0 && (causal ? !(c == 1 || c == 2) : !(c == 2 || c == 4))) {
+    snprintf(err, err_len, "startend_row_indices.shape[3] must be %s, got %lld",
+             causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False", (long long)c);
+    return 1;
+  }
+  return 0;
+}
+
+/* fm3_check_mask_shape of the masks in params (mask_heads checked when startend_row_indices or
+ * block_mask is given, C when startend_row_indices is). */
+static inline int fm3_check_params_mask(const fm3_fwd_params* p, char* err, size_t err_len) {
+  if (p->startend_row_indices == NULL && p->block_mask == NULL) return 0;
+  const int64_t shape[4] = {p->batch, p->mask_heads, p->seqlen_k,
+                            p->startend_row_indices != NULL ? p->mask_cols : -1};
+  return fm3_check_mask_shape(shape, p->batch, p->seqlen_k, p->num_heads, p->num_heads_k, p->causal, err,
+                              err_len);
+}
 
 /* Return 0 on success; otherwise non-zero with a message in err. */
 int fm3_cpu_fwd(const fm3_fwd_params* p, char* err, size_t err_len);

@@ -1,6 +1,7 @@
-// FlashMask forward, step 1 of the Hopper climb: a mask-aware
-// FlashAttention-2-style kernel (Dao 2023, Alg. 1) on mma.sync tensor cores
-// with a two-stage cp.async K/V pipeline, built for sm_90a.
+// FlashMask forward on mma.sync tensor cores: the fallback of the WGMMA kernel
+// (flash_fwd_wgmma.cuh) for the configs it does not cover, layouts TMA cannot
+// describe and FM3_FWD_KERNEL=mma_sync. A mask-aware FlashAttention-2-style
+// kernel (Dao 2023, Alg. 1) with a two-stage cp.async K/V pipeline, built for sm_90a.
 //
 // One CTA = one (batch, head, query tile of kBlockM rows); kWarps warps, 16
 // query rows each. The mask scheduler (mask_scheduler.cuh) turns the block
@@ -21,19 +22,9 @@
 #include "attn_args.h"
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"
-#include "mma_sm80.cuh"
+#include "warp_primitives.cuh"
 
 namespace fm3::hopper {
-
-struct FwdArgs : AttnArgs {
-  void* out;
-  float* lse;
-  const BlockSummary* summary;  // [batch, mask_heads, n_blocks] or nullptr (sri == nullptr)
-  // Persistent WGMMA kernel only: query tiles (batch x heads x tiles) and the zeroed counter
-  // from which CTAs take their next tile.
-  int num_tiles;
-  int* tile_counter;
-};
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
 struct FwdTraits {
@@ -47,7 +38,9 @@ struct FwdTraits {
   static constexpr bool kQInRegs = kHeadDim <= 128;
   static constexpr int kMinBlocks = 1;
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0, "tile shape");
-  static_assert(kChunks >= 8, "the XOR swizzle needs rows of at least 8 chunks");
+  // swz XORs a chunk index with row % 8: a permutation of each row's chunks only when the row
+  // holds whole groups of 8 chunks (head_dim % 64 == 0); else chunks land past the row's end.
+  static_assert(kChunks % 8 == 0, "the XOR swizzle needs head_dim % 64 == 0");
   // Shared memory: Q, two stages of K and of V, the block list, warp counts,
   // two stages of raw mask columns (startend_row_indices rows of partial blocks).
   static constexpr int kQElems = kBlockM * kHeadDim;

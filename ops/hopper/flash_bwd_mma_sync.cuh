@@ -1,6 +1,8 @@
-// FlashMask backward, step 1 of the Hopper climb: a mask-aware
-// FlashAttention-2-style backward (Dao 2023, Alg. 2) on mma.sync tensor cores
-// (HMMA m16n8k16, not yet WGMMA) with cp.async double buffering, built for sm_90a.
+// FlashMask backward on mma.sync tensor cores (HMMA m16n8k16): the fallback of the WGMMA
+// kernel (flash_bwd_wgmma.cuh) for the configs it does not cover, layouts TMA cannot describe
+// and FM3_BWD_KERNEL=mma_sync; also the helpers and the preprocess / dQ conversion kernels both
+// backward paths use. A mask-aware FlashAttention-2-style backward (Dao 2023, Alg. 2) with
+// cp.async double buffering, built for sm_90a.
 //
 // Kernels (all launched by flash_bwd_launch.cu):
 //   bwd_preprocess_kernel  delta = rowsum(dO * O) and lse2 = lse * log2(e)
@@ -37,25 +39,9 @@
 #include "attn_args.h"
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"  // compact_window
-#include "mma_sm80.cuh"
+#include "warp_primitives.cuh"
 
 namespace fm3::hopper::bwd {
-
-// Rows of lse2/delta per (batch, head) are padded to a multiple of this.
-constexpr int kLsePad = 128;
-
-struct BwdArgs : AttnArgs {
-  const void* dout;        // strides o_* (as out)
-  void* dq;                // strides q_*
-  void* dk;                // strides k_*
-  void* dv;                // strides v_*
-  float* dq_accum;         // [batch, num_heads, seqlen_q, head_dim] fp32, zeroed (atomic mode)
-  const float* lse2;       // [batch, num_heads, lse_stride], log2 units, +inf for empty rows and padding
-  const float* delta;      // [batch, num_heads, lse_stride], 0 in the padding
-  const BlockSummary* summary;  // [batch, mask_heads, n_kblocks] with block_n = kBlockN; nullptr if sri == nullptr
-  int lse_stride;          // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
-  float scale;             // softmax_scale
-};
 
 // Offset (floats) of dQ element (query ql of a 64-row tile, column d) inside the tile's 64 x head_dim
 // block of the tile-blocked dQ workspace (written by the WGMMA kernel's dQ writer, flash_bwd_wgmma.cuh):

@@ -1,5 +1,6 @@
-// Warp-level tensor-core primitives (PTX): cp.async 16-byte copies, ldmatrix,
-// mma.sync m16n8k16 with fp32 accumulators, exp2. Fragment layouts are PTX's
+// Warp-level PTX primitives shared by the mma.sync and WGMMA kernels: shared-memory
+// addresses, cp.async copies, ldmatrix, mma.sync m16n8k16 with fp32 accumulators, bf16/fp16
+// packing, exp2. Fragment layouts are PTX's
 // ("Matrix Fragments for mma.m16n8k16"): with g = lane / 4, t = lane % 4,
 //   A 16x16: a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t), a[2] = (g, 2t+8), a[3] = (g+8, 2t+8)
 //   B 16x8 : b[0] = (k 2t..2t+1, n g), b[1] = (k 2t+8.., n g)

@@ -1,0 +1,96 @@
+"""Argument checks shared by the whole package (numpy only, no Paddle): each raises a TypeError or
+ValueError naming the argument and what was expected. The one Python home of the rules that the
+masks, the kernels binding, the API and the CP planner all apply; the C/C++ entries share
+``fm3_check_mask_shape`` (ops/include/fm3/params.h) for the mask's shape."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Tuple
+
+import numpy as np
+
+MAX_SEQLEN = 2**31 - 1  # row indices are int32
+
+#: The last dimension C of ``startend_row_indices`` allowed with each ``causal`` flag.
+VALID_MASK_COLS = {True: (1, 2), False: (2, 4)}
+
+
+def is_int(x) -> bool:
+    """An integer that is not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def is_seq(x) -> bool:
+    """A list, tuple or an array of rank >= 1."""
+    return isinstance(x, (list, tuple)) or (isinstance(x, np.ndarray) and x.ndim >= 1)
+
+
+def check_int(name: str, value, *, lo: Optional[int] = None, hi: Optional[int] = None) -> int:
+    """Return ``value`` as a Python int, or raise TypeError/ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} ({value!r})")
+    value = int(value)
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` as a bool (numpy bools accepted), or raise TypeError naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return bool(value)
+
+
+def check_batch_heads(batch, num_heads) -> Tuple[int, int]:
+    return check_int("batch", batch, lo=1), check_int("num_heads", num_heads, lo=1)
+
+
+def check_mask_cols(c, causal: bool, name: str = "startend_row_indices") -> None:
+    """The rule of the mask's last dimension C: 1 or 2 when causal, 2 or 4 otherwise (ValueError)."""
+    allowed = VALID_MASK_COLS[bool(causal)]
+    if c not in allowed:
+        raise ValueError(f"{name}.shape[3]: with causal={bool(causal)} the last dimension C must be one of "
+                         f"{allowed}, got {c}")
+
+
+def normalize_window_size(window_size) -> Tuple[int, int]:
+    """Paddle's ``window_size`` (an int, or a ``(left, right)`` pair of ints) as ``(left, right)``.
+
+    Raises:
+        TypeError: not an int or a pair of ints (a 0-d array included).
+        ValueError: a negative entry.
+    """
+    if is_int(window_size):
+        w = (int(window_size), int(window_size))
+    elif is_seq(window_size) and len(window_size) == 2 and all(is_int(x) for x in window_size):
+        w = (int(window_size[0]), int(window_size[1]))
+    else:
+        raise TypeError(f"window_size must be an int or a (left, right) pair of ints, got {window_size!r}")
+    if w[0] < 0 or w[1] < 0:
+        raise ValueError(f"window_size must be >= 0 (a non-negative int or a pair of them), got {window_size!r}")
+    return w
+
+
+def check_softmax_scale(softmax_scale, head_dim: int) -> float:
+    """``softmax_scale`` as a float, ``head_dim ** -0.5`` for None.
+
+    Raises:
+        TypeError: not a real number (or a bool).
+        ValueError: 0 once cast to float32, or so large that the kernels' scale into log2 units,
+            ``softmax_scale * log2(e)``, overflows float32.
+    """
+    if softmax_scale is None:
+        return float(head_dim) ** -0.5
+    if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    f32 = np.finfo(np.float32)
+    log2e = float(np.log2(np.e))
+    if not (float(softmax_scale) >= float(f32.tiny) and float(softmax_scale) * log2e <= float(f32.max)):
+        raise ValueError(f"softmax_scale must be a finite float32 > 0 whose scores fit in float32 "
+                         f"(softmax_scale * log2(e) <= {float(f32.max) / log2e:.3g}; the usual value is "
+                         f"head_dim ** -0.5), got {softmax_scale}")
+    return float(softmax_scale)

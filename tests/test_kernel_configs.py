@@ -1,0 +1,103 @@
+"""scripts/gen_ops.py's kernel-config contract: each Hopper config names the kernel that serves it,
+and a config no kernel serves correctly stops the generator (so the build) naming the head dim."""
+
+import copy
+import pathlib
+import sys
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import gen_ops  # noqa: E402
+
+CFG = yaml.safe_load((ROOT / "yaml" / "kernel_configs.yaml").read_text())
+
+
+def with_head_dim(fwd=None, bwd=None):
+    cfg = copy.deepcopy(CFG)
+    if fwd is not None:
+        cfg["sm90"].append(fwd)
+    if bwd is not None:
+        cfg["sm90_bwd"].append(bwd)
+    return cfg
+
+
+def fwd(hd, bm=128, bn=64, st=2, wg=2):
+    return {"head_dim": hd, "block_m": bm, "block_n": bn, "stages": st, "consumer_warpgroups": wg}
+
+
+def bwd(hd, bm=64, bn=64, st=2):
+    return {"head_dim": hd, "block_m": bm, "block_n": bn, "stages": st}
+
+
+def test_shipped_configs_state_their_kernel():
+    cfg = gen_ops.check_kernel_configs(copy.deepcopy(CFG))
+    assert {c["head_dim"]: c["kernel"] for c in cfg["sm90"]} == {64: "wgmma", 128: "wgmma", 256: "wgmma"}
+    assert {c["head_dim"]: c["kernel"] for c in cfg["sm90_bwd"]} == {64: "wgmma", 128: "wgmma", 256: "mma_sync"}
+    header = gen_ops.gen_config_header(cfg)
+    assert "X(64, 128, 128, 2, 2, 1)" in header and "X(256, 64, 64, 2, 0)" in header
+    assert "//   head_dim 256: mma_sync" in header
+    ns = {}
+    exec(gen_ops.gen_py_config(cfg), ns)  # noqa: S102 - our own generated module
+    assert ns["SM90_HEAD_DIMS"] == (64, 128, 256)
+    assert [c["kernel"] for c in ns["SM90_BWD_CONFIGS"]] == ["wgmma", "wgmma", "mma_sync"]
+
+
+def test_installed_config_is_the_generated_one():
+    from paddle_fm3 import _config
+    cfg = gen_ops.check_kernel_configs(copy.deepcopy(CFG))
+    assert _config.SM90_CONFIGS == cfg["sm90"] and _config.SM90_BWD_CONFIGS == cfg["sm90_bwd"]
+
+
+@pytest.mark.parametrize("hd", [96, 160, 32])
+def test_head_dim_the_mma_sync_swizzle_cannot_lay_out_is_rejected(hd):
+    # head_dim 96 once built, and its first forward call was an illegal memory access on the H200.
+    with pytest.raises(gen_ops.ConfigError, match=rf"sm90 head_dim {hd}: no kernel serves it.*% 64"):
+        gen_ops.check_kernel_configs(with_head_dim(fwd(hd), bwd(hd)))
+    with pytest.raises(gen_ops.ConfigError, match=rf"sm90_bwd head_dim {hd}: no kernel serves it.*% 64"):
+        gen_ops.check_kernel_configs(with_head_dim(None, bwd(hd)))
+
+
+def test_head_dim_only_the_mma_sync_kernels_serve_is_stated():
+    cfg = gen_ops.check_kernel_configs(with_head_dim(fwd(192), bwd(192)))
+    assert cfg["sm90"][-1]["kernel"] == "mma_sync" and cfg["sm90_bwd"][-1]["kernel"] == "mma_sync"
+    assert "//   head_dim 192: mma_sync" in gen_ops.gen_config_header(cfg)
+    assert "X(192, 128, 64, 2, 2, 0)" in gen_ops.gen_config_header(cfg)
+
+
+def test_every_forward_head_dim_needs_a_backward():
+    with pytest.raises(gen_ops.ConfigError, match="sm90 head_dim 192 has no sm90_bwd config"):
+        gen_ops.check_kernel_configs(with_head_dim(fwd(192), None))
+    with pytest.raises(gen_ops.ConfigError, match=r"sm90_bwd head_dim 192 has no sm90 \(forward\) config"):
+        gen_ops.check_kernel_configs(with_head_dim(None, bwd(192)))
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (with_head_dim(fwd(256, bn=128), bwd(256 + 0, bn=64)), "sm90 head_dim 256 is listed twice"),
+    (with_head_dim(fwd(192, bn=256), bwd(192)), "sm90 head_dim 192: the mma.sync kernel needs .* shared memory"),
+    (with_head_dim(fwd(192, bm=64, wg=2), bwd(192)), r"sm90 head_dim 192: block_m \(64\) must be 64 rows per"),
+    (with_head_dim(fwd(192, bn=40), bwd(192)), r"sm90 head_dim 192: block_n \(40\) must be a multiple of 16"),
+    (with_head_dim(fwd(192), bwd(192, bm=128)), "sm90_bwd head_dim 192: block_m must be 64"),
+    (with_head_dim(fwd(192), bwd(192, bn=32)), "sm90_bwd head_dim 192: block_n must be 64 or 128"),
+    (with_head_dim(fwd(192, st=1), bwd(192)), r"sm90 head_dim 192: stages must be in \[2, 16\]"),
+    (with_head_dim(fwd(512), bwd(512)), "sm90 head_dim 512 exceeds cpu.max_head_dim 256"),
+    (with_head_dim(fwd(0), bwd(192)), "sm90 head_dim 0: head_dim must be a positive integer"),
+    (with_head_dim({"head_dim": 192}, bwd(192)), "sm90: every entry needs exactly the keys"),
+])
+def test_configs_no_kernel_serves_are_rejected(cfg, match):
+    with pytest.raises(gen_ops.ConfigError, match=match):
+        gen_ops.check_kernel_configs(cfg)
+
+
+def test_generator_stops_before_writing(tmp_path):
+    ydir = tmp_path / "yaml"
+    ydir.mkdir()
+    for name in ("ops.yaml", "backward.yaml"):
+        (ydir / name).write_text((ROOT / "yaml" / name).read_text())
+    (ydir / "kernel_configs.yaml").write_text(yaml.safe_dump(with_head_dim(fwd(96), bwd(96))))
+    out = tmp_path / "gen"
+    with pytest.raises(SystemExit, match="sm90 head_dim 96: no kernel serves it"):
+        gen_ops.main(["--yaml-dir", str(ydir), "--out-dir", str(out), "--py-config", str(tmp_path / "c.py")])
+    assert not out.exists() and not (tmp_path / "c.py").exists()
