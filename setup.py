@@ -73,10 +73,11 @@ def find_cuda_toolkit() -> pathlib.Path:
             break
     nvcc = shutil.which("nvcc")
     if found is None and nvcc:
-        for path in (pathlib.Path(os.path.realpath(nvcc)).parent.parent, _nvcc_top(nvcc)):
-            if path is not None and _is_toolkit(path):
-                found = path, f"nvcc on PATH ({nvcc})"
-                break
+        real = pathlib.Path(os.path.realpath(nvcc)).parent.parent
+        if _is_toolkit(real):
+            found = real, f"the nvcc on PATH, {nvcc}"
+        elif (top := _nvcc_top(nvcc)) is not None and _is_toolkit(top):
+            found = top, f"the nvcc on PATH, {nvcc}, which runs the toolkit's nvcc"
     if found is None and _is_toolkit(pathlib.Path("/usr/local/cuda")):
         found = pathlib.Path("/usr/local/cuda").resolve(), "/usr/local/cuda"
     if found is None:
