@@ -11,11 +11,13 @@ Environment switches:
                  0: CPU kernels only.
   CUDA_HOME / CUDA_PATH, CUTLASS_INC: the CUDA toolkit and CUTLASS/CuTe headers of the CUDA
                  build (see find_cuda_toolkit / find_cutlass_include).
-  FM3_NATIVE=1   compile the CPU kernels with -march=native (faster here, not portable).
+  FM3_NATIVE=1   compile with -march=native (not portable). Without it the CPU kernels are
+                 portable and still use AVX2 / AVX-512 where the CPU has them (run-time choice).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -110,6 +112,16 @@ def find_cutlass_include() -> pathlib.Path:
     return inc
 
 
+def nvidia_wheel_includes() -> list[str]:
+    """include/ folders of the installed nvidia-* wheels (cuDNN, cuBLAS, ... as a paddlepaddle-gpu
+    install brings them), whose headers Paddle's headers include in a CUDA build."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return sorted({str(p) for base in spec.submodule_search_locations for p in pathlib.Path(base).glob("*/include")
+                   if p.is_dir()})
+
+
 def want_cuda() -> bool:
     flag = os.environ.get("FM3_WITH_CUDA", "")
     if flag not in ("", "0", "1"):
@@ -133,7 +145,9 @@ class BuildExt(BuildExtension.with_options(no_python_abi_suffix=True)):
 
 generate()
 
-sources = ["ops/cpu/flashmask_cpu.cc", "ops/cpu/segment_workload.cc", "ops/paddle/fm3_paddle_kernels.cc",
+# flashmask_cpu_avx2/avx512.cc: the CPU kernels again for wider x86 units, chosen at run time.
+sources = ["ops/cpu/flashmask_cpu.cc", "ops/cpu/flashmask_cpu_avx2.cc", "ops/cpu/flashmask_cpu_avx512.cc",
+           "ops/cpu/segment_workload.cc", "ops/paddle/fm3_paddle_kernels.cc",
            str(GEN_DIR / "fm3_ops_generated.cc")]
 include_dirs = [str(ROOT / "ops" / "include"), str(ROOT / "ops" / "cpu"), str(GEN_DIR)]
 cxx_flags = ["-O3", "-fopenmp", "-std=c++17"]
@@ -146,10 +160,14 @@ if want_cuda():
     # a wrapper or link outside the toolkit); its include and library lookups read the environment.
     os.environ["CUDA_HOME"] = str(toolkit)
     cpp_extension.cpp_extension.CUDA_HOME = str(toolkit)
+    # Searched after the toolkit's own headers (-idirafter), so a toolkit that has them wins.
+    wheel_includes = nvidia_wheel_includes()
+    if wheel_includes:
+        print(f"paddle_fm3: CUDA library headers also from the nvidia-* wheels: {', '.join(wheel_includes)}")
     ext = CUDAExtension(
         sources=sources + [str(p) for p in sorted((ROOT / "ops" / "hopper").glob("*.cu"))],
         include_dirs=include_dirs + [str(ROOT / "ops" / "hopper"), str(find_cutlass_include())],
-        extra_compile_args={"cxx": cxx_flags + ["-DFM3_WITH_CUDA"],
+        extra_compile_args={"cxx": cxx_flags + ["-DFM3_WITH_CUDA"] + [f for d in wheel_includes for f in ("-idirafter", d)],
                             "nvcc": ["-O3", "-std=c++17", "-DFM3_WITH_CUDA",
                                      "-gencode=arch=compute_90a,code=sm_90a"]},
         extra_link_args=["-fopenmp"],

@@ -109,6 +109,18 @@ def test_setup_says_which_toolkit_it_uses(tmp_path):
     assert f"paddle_fm3: CUDA toolkit {kit.resolve()} (CUDA 12.4, from $CUDA_HOME)" in out.stdout
 
 
+def test_setup_takes_cuda_library_headers_from_nvidia_wheels(tmp_path):
+    """cuDNN & co. of a paddlepaddle-gpu install come as nvidia-* wheels (site-packages/nvidia/*/include)."""
+    pytest.importorskip("cutlass_library")
+    kit = _fake_toolkit(tmp_path / "cuda-12.4", "12.4")
+    site = tmp_path / "site"
+    (site / "nvidia" / "cudnn" / "include").mkdir(parents=True)
+    (site / "nvidia" / "cudnn" / "include" / "cudnn.h").write_text("")
+    out = _setup(_build_copy(tmp_path), FM3_WITH_CUDA="1", CUDA_HOME=str(kit), PYTHONPATH=str(site))
+    assert out.returncode == 0, out.stderr
+    assert f"CUDA library headers also from the nvidia-* wheels: {site / 'nvidia' / 'cudnn' / 'include'}" in out.stdout
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs an nvcc on PATH")
 def test_setup_follows_an_nvcc_wrapper_outside_the_toolkit(tmp_path):
     """An nvcc on PATH that is a wrapper script elsewhere (as /usr/local/bin/nvcc on our CPU
