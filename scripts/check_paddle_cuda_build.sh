@@ -98,10 +98,12 @@ if not declared or not declared <= registered:
     sys.exit(f"check_paddle_cuda_build: FAILED (ops declared {sorted(declared)}, registered {sorted(registered)})")
 print(f"check_paddle_cuda_build: the library registers {len(registered)} ops: {', '.join(sorted(registered))}")
 PY
-# The glue was built for CUDA: the forward and backward launch the Hopper entries.
+# The Hopper entries are in, and the glue's GPU branch calls them on Paddle's current stream.
 for sym in fm3_cuda_fwd fm3_cuda_bwd; do
   nm -D --defined-only "$SO" | grep -qw "$sym" || { say "FAILED ($sym not in the library)"; exit 1; }
 done
+nm -DC --undefined-only "$SO" | grep -q "paddle::GetCurrentCUDAStream" \
+  || { say "FAILED (the glue does not take Paddle's current CUDA stream: its GPU branch is not compiled)"; exit 1; }
 
 # sm_90a machine code, with the wgmma (HGMMA) instructions of the warp-specialized kernels.
 CUOBJDUMP="$CACHE/bin/cuobjdump"
