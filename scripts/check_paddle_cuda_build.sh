@@ -14,7 +14,7 @@
 # $FM3_CUDA_BUILD_DEPS (default ~/.cache/paddle_fm3/cuda-build-deps).
 # Needs: the active python with Paddle 3.x and nvidia-cutlass, nvcc >= 12.3 (skipped without nvcc).
 #   scripts/check_paddle_cuda_build.sh        (build in build/paddle_cuda_check/, kept for a look)
-set -euo pipefail
+set -euo pipefail  # (no `cmd | grep -q` below: grep quitting early fails the pipe)
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-python}"
 say() { echo "check_paddle_cuda_build: $*"; }
@@ -67,7 +67,7 @@ say "building the CUDA branch (log: $WORK/build.log)"
 start=$SECONDS
 if ! FM3_WITH_CUDA=1 CPATH="$CACHE/include${CPATH:+:$CPATH}" MAX_JOBS="${MAX_JOBS:-2}" \
      "$PY" -m pip wheel -v --no-build-isolation --no-deps -w "$WORK/dist" "$WORK/src" >"$WORK/build.log" 2>&1; then
-  grep -E "error|Error" "$WORK/build.log" | head -40; say "FAILED (build; log: $WORK/build.log)"; exit 1
+  grep -m 40 -E "error|Error" "$WORK/build.log" || true; say "FAILED (build; log: $WORK/build.log)"; exit 1
 fi
 # Paddle's build_ext reports a failed compile and goes on: any such line fails the check too.
 if grep -E "compile failed|generated an exception" "$WORK/build.log"; then say "FAILED (a source did not compile)"; exit 1; fi
@@ -100,14 +100,14 @@ print(f"check_paddle_cuda_build: the library registers {len(registered)} ops: {'
 PY
 # The Hopper entries are in, and the glue's GPU branch calls them on Paddle's current stream.
 for sym in fm3_cuda_fwd fm3_cuda_bwd; do
-  nm -D --defined-only "$SO" | grep -qw "$sym" || { say "FAILED ($sym not in the library)"; exit 1; }
+  nm -D --defined-only "$SO" | grep -w "$sym" >/dev/null || { say "FAILED ($sym not in the library)"; exit 1; }
 done
-nm -DC --undefined-only "$SO" | grep -q "paddle::GetCurrentCUDAStream" \
+nm -DC --undefined-only "$SO" | grep "paddle::GetCurrentCUDAStream" >/dev/null \
   || { say "FAILED (the glue does not take Paddle's current CUDA stream: its GPU branch is not compiled)"; exit 1; }
 
 # sm_90a machine code, with the wgmma (HGMMA) instructions of the warp-specialized kernels.
 CUOBJDUMP="$CACHE/bin/cuobjdump"
-"$CUOBJDUMP" --list-elf "$SO" | grep -q "sm_90a" || { say "FAILED (no sm_90a ELF in the library)"; exit 1; }
+"$CUOBJDUMP" --list-elf "$SO" | grep "sm_90a" >/dev/null || { say "FAILED (no sm_90a ELF in the library)"; exit 1; }
 hgmma=$(PATH="$CACHE/bin:$PATH" "$CUOBJDUMP" --dump-sass "$SO" | grep -c "HGMMA" || true)
 [ "$hgmma" -gt 0 ] || { say "FAILED (no HGMMA instruction in the sm_90a code)"; exit 1; }
 say "sm_90a code present, $hgmma HGMMA instructions"
