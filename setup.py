@@ -30,8 +30,10 @@ from setuptools import find_packages, setup
 try:
     import paddle
 except ImportError:
-    sys.exit("paddle_fm3 builds against an installed PaddlePaddle (>= 3.0): install paddlepaddle (CPU) or "
-             "paddlepaddle-gpu first, then `pip install --no-build-isolation .` (README, Install).")
+    sys.exit("paddle_fm3 builds against the installed PaddlePaddle (>= 3.0), and this Python has none: install "
+             "paddlepaddle (CPU) or paddlepaddle-gpu first, and build without isolation (an isolated build "
+             "environment has no Paddle): pip install -r requirements-build.txt && "
+             "pip install --no-build-isolation .  (README, Install)")
 from paddle.utils import cpp_extension
 from paddle.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
