@@ -76,6 +76,16 @@ def _setup(src: pathlib.Path, **env: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def test_setup_without_paddle_says_to_build_without_isolation(tmp_path):
+    code = "import runpy, sys; sys.modules['paddle'] = None; sys.argv = ['setup.py', '--name']; " \
+           "runpy.run_path('setup.py', run_name='__main__')"
+    out = subprocess.run([sys.executable, "-c", code], cwd=_build_copy(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0
+    assert "an isolated build environment has no Paddle" in out.stderr
+    assert "pip install --no-build-isolation ." in out.stderr
+
+
 def test_setup_rejects_a_bad_fm3_with_cuda(tmp_path):
     out = _setup(_build_copy(tmp_path), FM3_WITH_CUDA="yes")
     assert out.returncode != 0
