@@ -2,21 +2,44 @@
 kernels and Paddle glue into paddle_fm3/_fm3_ops.so with Paddle's
 cpp_extension, and install the Python package.
 
-Install: pip install --no-build-isolation .   (needs paddlepaddle installed)
+Install (README "Install"): pip install -r requirements-build.txt, then
+pip install --no-build-isolation .   (builds against the Paddle already installed)
+
+Environment switches:
+  FM3_WITH_CUDA  unset: build the Hopper (sm_90a) kernels when the installed Paddle has CUDA;
+                 1: build them even if it reports none (cross-compiling; the CI build check);
+                 0: CPU kernels only.
+  CUDA_HOME / CUDA_PATH, CUTLASS_INC: the CUDA toolkit and CUTLASS/CuTe headers of the CUDA
+                 build (see find_cuda_toolkit / find_cutlass_include).
+  FM3_NATIVE=1   compile with -march=native (not portable). Without it the CPU kernels are
+                 portable and still use AVX2 / AVX-512 where the CPU has them (run-time choice).
 """
 
+from __future__ import annotations
+
+import importlib.util
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 
 from setuptools import find_packages, setup
 
-import paddle
+try:
+    import paddle
+except ImportError:
+    sys.exit("paddle_fm3 builds against the installed PaddlePaddle (>= 3.0), and this Python has none: install "
+             "paddlepaddle (CPU) or paddlepaddle-gpu first, and build without isolation (an isolated build "
+             "environment has no Paddle): pip install -r requirements-build.txt && "
+             "pip install --no-build-isolation .  (README, Install)")
+from paddle.utils import cpp_extension
 from paddle.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 ROOT = pathlib.Path(__file__).resolve().parent
 GEN_DIR = ROOT / "build" / "generated"
+MIN_CUDA = (12, 3)  # wgmma / TMA / setmaxnreg for sm_90a
 
 
 def generate() -> None:
@@ -24,21 +47,129 @@ def generate() -> None:
                            "--py-config", str(ROOT / "paddle_fm3" / "_config.py")])
 
 
+def _is_toolkit(path: pathlib.Path) -> bool:
+    return (path / "bin" / "nvcc").is_file() and (path / "include" / "cuda_runtime.h").is_file()
+
+
+def _nvcc_top(nvcc: str) -> pathlib.Path | None:
+    """The toolkit an nvcc driver really uses (its TOP), also when it is a wrapper script."""
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=60).stderr
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"^#\$ TOP=(.+)$", out, re.MULTILINE)
+    return pathlib.Path(m.group(1).strip()).resolve() if m else None
+
+
+def find_cuda_toolkit() -> pathlib.Path:
+    """The CUDA toolkit of the CUDA build, in this order: $CUDA_HOME, $CUDA_PATH, the toolkit of
+    the nvcc on PATH (its real path, or, for a wrapper outside any toolkit, the TOP nvcc reports),
+    /usr/local/cuda. A toolkit has bin/nvcc and include/cuda_runtime.h; it must be CUDA >= 12.3."""
+    found = None
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            path = pathlib.Path(os.environ[var]).resolve()
+            if not _is_toolkit(path):
+                sys.exit(f"paddle_fm3: ${var}={os.environ[var]} is not a CUDA toolkit "
+                         "(no bin/nvcc and include/cuda_runtime.h there)")
+            found = path, f"${var}"
+            break
+    nvcc = shutil.which("nvcc")
+    if found is None and nvcc:
+        real = pathlib.Path(os.path.realpath(nvcc)).parent.parent
+        if _is_toolkit(real):
+            found = real, f"the nvcc on PATH, {nvcc}"
+        elif (top := _nvcc_top(nvcc)) is not None and _is_toolkit(top):
+            found = top, f"the nvcc on PATH, {nvcc}, which runs the toolkit's nvcc"
+    if found is None and _is_toolkit(pathlib.Path("/usr/local/cuda")):
+        found = pathlib.Path("/usr/local/cuda").resolve(), "/usr/local/cuda"
+    if found is None:
+        sys.exit("paddle_fm3: the CUDA build needs a CUDA toolkit >= 12.3 and none was found: set CUDA_HOME, "
+                 "put its nvcc on PATH, or build the CPU kernels only with FM3_WITH_CUDA=0")
+    toolkit, how = found
+    version = subprocess.run([str(toolkit / "bin" / "nvcc"), "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+)\.(\d+)", version)
+    if not m or (int(m.group(1)), int(m.group(2))) < MIN_CUDA:
+        sys.exit(f"paddle_fm3: the Hopper kernels need CUDA >= 12.3; the toolkit at {toolkit} ({how}) is "
+                 f"{m.group(0) if m else 'of unknown version'}")
+    print(f"paddle_fm3: CUDA toolkit {toolkit} (CUDA {m.group(1)}.{m.group(2)}, from {how})")
+    return toolkit
+
+
+def find_cutlass_include() -> pathlib.Path:
+    """CUTLASS/CuTe headers: $CUTLASS_INC, else those of the PyPI package nvidia-cutlass."""
+    if os.environ.get("CUTLASS_INC"):
+        inc = pathlib.Path(os.environ["CUTLASS_INC"])
+    else:
+        try:
+            import cutlass_library
+        except ImportError:
+            sys.exit("paddle_fm3: the CUDA build needs the CUTLASS/CuTe headers: pip install nvidia-cutlass "
+                     "(or set CUTLASS_INC to a CUTLASS include folder)")
+        inc = pathlib.Path(cutlass_library.__file__).parent / "source" / "include"
+    if not (inc / "cute" / "arch" / "mma_sm90_gmma.hpp").is_file():
+        sys.exit(f"paddle_fm3: no CuTe sm90 headers under {inc} (cute/arch/mma_sm90_gmma.hpp)")
+    print(f"paddle_fm3: CUTLASS/CuTe headers {inc}")
+    return inc
+
+
+def nvidia_wheel_includes() -> list[str]:
+    """include/ folders of the installed nvidia-* wheels (cuDNN, cuBLAS, ... as a paddlepaddle-gpu
+    install brings them), whose headers Paddle's headers include in a CUDA build."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return sorted({str(p) for base in spec.submodule_search_locations for p in pathlib.Path(base).glob("*/include")
+                   if p.is_dir()})
+
+
+def want_cuda() -> bool:
+    flag = os.environ.get("FM3_WITH_CUDA", "")
+    if flag not in ("", "0", "1"):
+        sys.exit(f"paddle_fm3: FM3_WITH_CUDA must be unset, 0 or 1, got {flag!r}")
+    return flag == "1" or (flag == "" and paddle.is_compiled_with_cuda())
+
+
+class BuildExt(BuildExtension.with_options(no_python_abi_suffix=True)):
+    """Paddle's build_ext, less the object files it leaves under build_lib (they would be
+    packaged into site-packages/build/temp.*)."""
+
+    def run(self) -> None:
+        super().run()
+        lib = pathlib.Path(self.build_lib)
+        for obj in lib.rglob("*.o"):
+            obj.unlink()
+        for d in sorted((p for p in lib.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            if not any(d.iterdir()):
+                d.rmdir()
+
+
 generate()
 
-sources = ["ops/cpu/flashmask_cpu.cc", "ops/cpu/segment_workload.cc", "ops/paddle/fm3_paddle_kernels.cc", str(GEN_DIR / "fm3_ops_generated.cc")]
+# flashmask_cpu_avx2/avx512.cc: the CPU kernels again for wider x86 units, chosen at run time.
+sources = ["ops/cpu/flashmask_cpu.cc", "ops/cpu/flashmask_cpu_avx2.cc", "ops/cpu/flashmask_cpu_avx512.cc",
+           "ops/cpu/segment_workload.cc", "ops/paddle/fm3_paddle_kernels.cc",
+           str(GEN_DIR / "fm3_ops_generated.cc")]
 include_dirs = [str(ROOT / "ops" / "include"), str(ROOT / "ops" / "cpu"), str(GEN_DIR)]
 cxx_flags = ["-O3", "-fopenmp", "-std=c++17"]
-if os.environ.get("FM3_NATIVE", "1") == "1":
+if os.environ.get("FM3_NATIVE", "0") == "1":
     cxx_flags.append("-march=native")
 
-# The Hopper kernels join the build only where a CUDA-enabled Paddle and nvcc exist.
-with_cuda = paddle.is_compiled_with_cuda() and os.environ.get("FM3_WITH_CUDA", "1") == "1"
-if with_cuda:
+if want_cuda():
+    toolkit = find_cuda_toolkit()
+    # Paddle's cpp_extension took CUDA_HOME from `which nvcc` when paddle was imported (wrong for
+    # a wrapper or link outside the toolkit); its include and library lookups read the environment.
+    os.environ["CUDA_HOME"] = str(toolkit)
+    cpp_extension.cpp_extension.CUDA_HOME = str(toolkit)
+    # Searched after the toolkit's own headers (-idirafter), so a toolkit that has them wins.
+    wheel_includes = nvidia_wheel_includes()
+    if wheel_includes:
+        print(f"paddle_fm3: CUDA library headers also from the nvidia-* wheels: {', '.join(wheel_includes)}")
     ext = CUDAExtension(
         sources=sources + [str(p) for p in sorted((ROOT / "ops" / "hopper").glob("*.cu"))],
-        include_dirs=include_dirs,
-        extra_compile_args={"cxx": cxx_flags + ["-DFM3_WITH_CUDA"],
+        include_dirs=include_dirs + [str(ROOT / "ops" / "hopper"), str(find_cutlass_include())],
+        extra_compile_args={"cxx": cxx_flags + ["-DFM3_WITH_CUDA"] + [f for d in wheel_includes for f in ("-idirafter", d)],
                             "nvcc": ["-O3", "-std=c++17", "-DFM3_WITH_CUDA",
                                      "-gencode=arch=compute_90a,code=sm_90a"]},
         extra_link_args=["-fopenmp"],
@@ -48,14 +179,11 @@ else:
                        extra_compile_args={"cxx": cxx_flags}, extra_link_args=["-fopenmp"])
 ext.name = "paddle_fm3._fm3_ops"
 
+# Metadata lives in pyproject.toml.
 setup(
-    name="paddle_fm3",
-    version="0.1.0",
-    description="FlashMask-3: mask-aware attention for PaddlePaddle (CPU and Hopper kernels, context parallelism)",
     packages=find_packages(include=["paddle_fm3", "paddle_fm3.*"]),
+    package_data={"paddle_fm3": ["py.typed"]},
     ext_modules=[ext],
-    cmdclass={"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)},
-    python_requires=">=3.9",
-    install_requires=["numpy", "pyyaml", "tqdm"],
+    cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

@@ -24,16 +24,28 @@ _LAZY = {"flashmask_attention": ("api", "flashmask_attention"), "block_classify"
          "patch_paddle": ("_patch", "patch_paddle"), "unpatch_paddle": ("_patch", "unpatch_paddle")}
 
 
+def _import(module: str, wanted: str):
+    """Imports a submodule; one that needs Paddle says so when Paddle is missing (Paddle is no
+    dependency of the package: CPU and GPU users install different distributions of it)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f".{module}", __name__)
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] != "paddle":
+            raise
+        raise ImportError(
+            f"paddle_fm3.{wanted} needs PaddlePaddle 3.x, which is not installed: pip install paddlepaddle "
+            "(CPU) or paddlepaddle-gpu (CUDA), then reinstall paddle_fm3 (README, Install). "
+            "paddle_fm3.masks, paddle_fm3.reference and paddle_fm3.kernels work without Paddle.") from e
+
+
 def __getattr__(name):
     if name in ("kernels", "distributed", "integrations"):  # subpackages, imported on first use
-        import importlib
-
-        return importlib.import_module(f".{name}", __name__)
+        return _import(name, name)
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        value = getattr(_import(module, name), attr)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

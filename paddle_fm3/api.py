@@ -54,23 +54,23 @@ def _seed_offset(fixed_seed_offset):
 
 
 def flashmask_attention(
-    query,
-    key,
-    value,
-    startend_row_indices=None,
+    query: paddle.Tensor,
+    key: paddle.Tensor,
+    value: paddle.Tensor,
+    startend_row_indices: paddle.Tensor | None = None,
     *,
     dropout: float = 0.0,
     causal: bool = False,
-    window_size=None,
+    window_size: int | tuple[int, int] | None = None,
     return_softmax_lse: bool = False,
     return_seed_offset: bool = False,
-    fixed_seed_offset=None,
+    fixed_seed_offset: paddle.Tensor | None = None,
     rng_name: str = "",
     training: bool = True,
     name: str | None = None,
     softmax_scale: float | None = None,
-    block_mask=None,
-):
+    block_mask: paddle.Tensor | None = None,
+) -> paddle.Tensor | list[paddle.Tensor]:
     """FlashMask attention with O(N) column-boundary masks, forward and backward.
 
     Same signature and meaning as ``paddle.nn.functional.flashmask_attention``

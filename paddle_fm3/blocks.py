@@ -19,8 +19,8 @@ class TileClass(enum.IntEnum):
     UNMASKED = 2      # no mask work
 
 
-def block_classify(startend_row_indices, *, causal: bool, seqlen_q: int, block_m: int, block_n: int,
-                   block_mask=None) -> np.ndarray:
+def block_classify(startend_row_indices: np.ndarray | paddle.Tensor, *, causal: bool, seqlen_q: int, block_m: int,
+                   block_n: int, block_mask: np.ndarray | paddle.Tensor | None = None) -> np.ndarray:
     """Classify every (query tile, key block) pair of a FlashMask mask.
 
     Args:

@@ -7,5 +7,6 @@ VENV="${FM3_VENV:-$ROOT/.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
-python -m pip install -q -r "$ROOT/requirements-dev.txt"
-python -m pip install -q --no-build-isolation "$ROOT"
+python -m pip install -q -r "$ROOT/requirements.txt" -r "$ROOT/requirements-build.txt"
+# The README's install command, with the test dependencies (pyproject.toml's dev extra).
+python -m pip install -q --no-build-isolation "$ROOT[dev]"

@@ -12,13 +12,17 @@
 #include <limits>
 #include <vector>
 
+#include <cstdlib>
+#include <cstring>
+
+#include "cpu_isa.h"
 #include "fm3/mask.h"
 #include "fm3/params.h"
 #include "fm3_generated_config.h"
 #include "gemm.h"
 #include "numeric.h"
 
-namespace fm3::cpu {
+namespace fm3::cpu::FM3_CPU_ISA {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -347,11 +351,8 @@ int check(const fm3_fwd_params& p, char* err, size_t n) {
 }
 
 }  // namespace
-}  // namespace fm3::cpu
 
-using namespace fm3::cpu;
-
-extern "C" int fm3_cpu_fwd(const fm3_fwd_params* p, char* err, size_t err_len) {
+int fwd(const fm3_fwd_params* p, char* err, size_t err_len) {
   if (check(*p, err, err_len)) return 1;
   switch (p->dtype) {
     case FM3_FLOAT32: forward<float>(*p); return 0;
@@ -362,7 +363,7 @@ extern "C" int fm3_cpu_fwd(const fm3_fwd_params* p, char* err, size_t err_len) {
   return 1;
 }
 
-extern "C" int fm3_cpu_bwd(const fm3_bwd_params* p, char* err, size_t err_len) {
+int bwd(const fm3_bwd_params* p, char* err, size_t err_len) {
   if (check(p->fwd, err, err_len)) return 1;
   switch (p->fwd.dtype) {
     case FM3_FLOAT32: backward<float>(*p); return 0;
@@ -372,6 +373,69 @@ extern "C" int fm3_cpu_bwd(const fm3_bwd_params* p, char* err, size_t err_len) {
   std::snprintf(err, err_len, "unsupported dtype %d", static_cast<int>(p->fwd.dtype));
   return 1;
 }
+
+}  // namespace fm3::cpu::FM3_CPU_ISA
+
+#ifndef FM3_CPU_VARIANT  // the C ABI, once: in the build's own copy
+namespace fm3::cpu {
+namespace {
+
+enum class Isa { kBase, kAvx2, kAvx512, kInvalid };
+
+// The widest copy this CPU runs; FM3_CPU_KERNEL=base|avx2|avx512 (read per call, so tests can
+// switch in-process) asks for a narrower one.
+Isa pick_isa(char* err, size_t err_len) {
+  Isa widest = Isa::kBase;
+#if FM3_CPU_DISPATCH
+  static const Isa detected = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    return avx512 ? Isa::kAvx512 : avx2 ? Isa::kAvx2 : Isa::kBase;
+  }();
+  widest = detected;
+#endif
+  const char* e = std::getenv("FM3_CPU_KERNEL");
+  if (e == nullptr || *e == '\0') return widest;
+  Isa want = Isa::kInvalid;
+  if (std::strcmp(e, "base") == 0) want = Isa::kBase;
+  if (std::strcmp(e, "avx2") == 0) want = Isa::kAvx2;
+  if (std::strcmp(e, "avx512") == 0) want = Isa::kAvx512;
+  if (want == Isa::kInvalid) {
+    std::snprintf(err, err_len, "FM3_CPU_KERNEL must be base, avx2 or avx512, got '%s'", e);
+    return Isa::kInvalid;
+  }
+  return want < widest ? want : widest;
+}
+
+}  // namespace
+}  // namespace fm3::cpu
+
+extern "C" int fm3_cpu_fwd(const fm3_fwd_params* p, char* err, size_t err_len) {
+  switch (fm3::cpu::pick_isa(err, err_len)) {
+    case fm3::cpu::Isa::kInvalid: return 1;
+#if FM3_CPU_DISPATCH
+    case fm3::cpu::Isa::kAvx512: return fm3::cpu::avx512::fwd(p, err, err_len);
+    case fm3::cpu::Isa::kAvx2: return fm3::cpu::avx2::fwd(p, err, err_len);
+#endif
+    default: return fm3::cpu::base::fwd(p, err, err_len);
+  }
+}
+
+extern "C" int fm3_cpu_bwd(const fm3_bwd_params* p, char* err, size_t err_len) {
+  switch (fm3::cpu::pick_isa(err, err_len)) {
+    case fm3::cpu::Isa::kInvalid: return 1;
+#if FM3_CPU_DISPATCH
+    case fm3::cpu::Isa::kAvx512: return fm3::cpu::avx512::bwd(p, err, err_len);
+    case fm3::cpu::Isa::kAvx2: return fm3::cpu::avx2::bwd(p, err, err_len);
+#endif
+    default: return fm3::cpu::base::bwd(p, err, err_len);
+  }
+}
+
+using namespace fm3::cpu::base;  // ceil_div for the classification
 
 extern "C" int fm3_cpu_classify(const int32_t* sri, const int32_t* bm, int batch, int mask_heads,
                                 int seqlen_q, int seqlen_k, int mask_cols, int causal, int block_m,
@@ -393,3 +457,4 @@ extern "C" int fm3_cpu_classify(const int32_t* sri, const int32_t* bm, int batch
         }
   return 0;
 }
+#endif  // FM3_CPU_VARIANT

@@ -1,30 +1,42 @@
 // Small fp32 matrix products for the CPU kernels: C[M][N] += A[M][K] * B[K][N],
 // row-major with leading dimensions. A register-tiled micro-kernel keeps a
-// kRows x 32 block of C in vector registers across the K loop (GCC/Clang
+// kMicroRows x (2 * kLanes) block of C in vector registers across the K loop (GCC/Clang
 // vector extensions; no intrinsics), which is ~3x faster than row-by-row axpy
-// on tiles of the attention kernels' size.
+// on tiles of the attention kernels' size. The vector width is the unit's own (a wider
+// vector type than the unit has is split badly by GCC: 60x slower on AVX2).
 #pragma once
 #include <string.h>
 
-namespace fm3::cpu {
+#include "cpu_isa.h"
 
-typedef float vec16 __attribute__((vector_size(64), aligned(4)));
-
-#ifdef __AVX512F__
-constexpr int kMicroRows = 8;  // 8 x 2 zmm accumulators out of 32 registers
+#if defined(__AVX512F__) || defined(FM3_CPU_AVX512)
+#define FM3_CPU_LANES 16  // zmm; 8 x 2 accumulators out of 32 registers
+#define FM3_CPU_MICRO_ROWS 8
+#elif defined(__AVX2__) || defined(FM3_CPU_AVX2)
+#define FM3_CPU_LANES 8  // ymm; 4 x 2 accumulators, 2 of B and a broadcast out of 16 registers
+#define FM3_CPU_MICRO_ROWS 4
 #else
-constexpr int kMicroRows = 2;  // each vec16 is two ymm: 2 x 4 out of 16 registers
+#define FM3_CPU_LANES 4  // xmm (SSE2, any x86-64); as for AVX2
+#define FM3_CPU_MICRO_ROWS 4
 #endif
 
-template <int R, int V>  // R rows x (16 * V) columns of C
+namespace fm3::cpu::FM3_CPU_ISA {
+
+constexpr int kLanes = FM3_CPU_LANES;
+constexpr int kMicroRows = FM3_CPU_MICRO_ROWS;
+// Unaligned, and may alias float: loads and stores through it are single vector moves (a
+// memcpy into a vector went through the stack on AVX2, a store-forwarding stall per load).
+typedef float vecf __attribute__((vector_size(FM3_CPU_LANES * sizeof(float)), aligned(4), may_alias));
+
+template <int R, int V>  // R rows x (kLanes * V) columns of C
 inline void gemm_micro(const float* __restrict a, int lda, const float* __restrict b, int ldb,
                        float* __restrict c, int ldc, int k_len) {
-  vec16 acc[R][V];
+  vecf acc[R][V];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = vec16{};
+    for (int v = 0; v < V; ++v) acc[r][v] = vecf{};
   for (int k = 0; k < k_len; ++k) {
-    vec16 bv[V];
-    for (int v = 0; v < V; ++v) memcpy(&bv[v], b + static_cast<long>(k) * ldb + 16 * v, sizeof(vec16));
+    vecf bv[V];
+    for (int v = 0; v < V; ++v) bv[v] = *reinterpret_cast<const vecf*>(b + static_cast<long>(k) * ldb + kLanes * v);
     for (int r = 0; r < R; ++r) {
       const float av = a[static_cast<long>(r) * lda + k];
       for (int v = 0; v < V; ++v) acc[r][v] += av * bv[v];
@@ -32,15 +44,11 @@ inline void gemm_micro(const float* __restrict a, int lda, const float* __restri
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) {
-      float* dst = c + static_cast<long>(r) * ldc + 16 * v;
-      vec16 cv;
-      memcpy(&cv, dst, sizeof(vec16));
-      cv += acc[r][v];
-      memcpy(dst, &cv, sizeof(vec16));
+      *reinterpret_cast<vecf*>(c + static_cast<long>(r) * ldc + kLanes * v) += acc[r][v];
     }
 }
 
-template <int R>  // the last n < 16 columns
+template <int R>  // the last n < kLanes columns
 inline void gemm_tail(const float* a, int lda, const float* b, int ldb, float* c, int ldc, int n, int k_len) {
   for (int r = 0; r < R; ++r)
     for (int k = 0; k < k_len; ++k) {
@@ -52,8 +60,8 @@ inline void gemm_tail(const float* a, int lda, const float* b, int ldb, float* c
 template <int R>
 inline void gemm_rows(const float* a, int lda, const float* b, int ldb, float* c, int ldc, int n, int k_len) {
   int j = 0;
-  for (; j + 32 <= n; j += 32) gemm_micro<R, 2>(a, lda, b + j, ldb, c + j, ldc, k_len);
-  for (; j + 16 <= n; j += 16) gemm_micro<R, 1>(a, lda, b + j, ldb, c + j, ldc, k_len);
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) gemm_micro<R, 2>(a, lda, b + j, ldb, c + j, ldc, k_len);
+  for (; j + kLanes <= n; j += kLanes) gemm_micro<R, 1>(a, lda, b + j, ldb, c + j, ldc, k_len);
   if (j < n) gemm_tail<R>(a, lda, b + j, ldb, c + j, ldc, n - j, k_len);
 }
 
@@ -73,4 +81,4 @@ inline void transpose(const float* src, int m, int n, float* dst) {
     for (int j = 0; j < n; ++j) dst[j * m + i] = src[i * n + j];
 }
 
-}  // namespace fm3::cpu
+}  // namespace fm3::cpu::FM3_CPU_ISA

@@ -6,7 +6,9 @@
 
 #include <cmath>
 
-namespace fm3::cpu {
+#include "cpu_isa.h"
+
+namespace fm3::cpu::FM3_CPU_ISA {
 
 struct half_bits { uint16_t x; };
 struct bf16_bits { uint16_t x; };
@@ -98,4 +100,4 @@ inline void exp2_shifted(float* __restrict x, int n, float shift) {
   }
 }
 
-}  // namespace fm3::cpu
+}  // namespace fm3::cpu::FM3_CPU_ISA

@@ -8,13 +8,20 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "fm3/params.h"
 #include "fm3_ops_generated.h"
 #include "paddle/common/enforce.h"
 
 #ifdef FM3_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "paddle/phi/api/include/context_pool.h"
+#include "paddle/phi/core/cuda_stream.h"
+
 extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len);
 extern "C" int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
 #endif
@@ -109,6 +116,48 @@ void raise_on_error(int status, const char* err) {
   if (status != 0) PD_THROW("paddle_fm3 kernel failed: ", err);
 }
 
+// Every tensor a kernel reads or writes lives where q does (a kernel given pointers of another
+// device, or a CPU kernel given device pointers, would read out of bounds).
+void check_same_place(const paddle::Tensor& q, std::initializer_list<std::pair<const char*, const paddle::Tensor*>> ts) {
+  for (const auto& [name, t] : ts) {
+    if (t == nullptr || !t->defined()) continue;
+    if (t->place() != q.place()) {
+      PADDLE_THROW(::common::errors::InvalidArgument("%s is on %s but q is on %s: every input must be on q's device",
+                                                     name, t->place().DebugString(), q.place().DebugString()));
+    }
+  }
+}
+
+#ifdef FM3_WITH_CUDA
+// Runs a Hopper kernel on the inputs' GPU: makes it the current device for the launch (restoring
+// the caller's afterwards), so the kernel, its workspace (cudaMallocAsync) and the stream all belong
+// to that device, and hands the kernel Paddle's current stream of that place.
+class LaunchOnDevice {
+ public:
+  explicit LaunchOnDevice(const paddle::Place& place) {
+    const int device = place.GetDeviceId();
+    cudaError_t e = cudaGetDevice(&prev_);
+    if (e == cudaSuccess && prev_ != device) {
+      e = cudaSetDevice(device);
+      restore_ = e == cudaSuccess;
+    }
+    if (e != cudaSuccess) PD_THROW("paddle_fm3: cannot make GPU ", device, " current: ", cudaGetErrorString(e));
+    stream_ = paddle::GetCurrentCUDAStream(place)->raw_stream();
+  }
+  ~LaunchOnDevice() {
+    if (restore_) cudaSetDevice(prev_);
+  }
+  LaunchOnDevice(const LaunchOnDevice&) = delete;
+  LaunchOnDevice& operator=(const LaunchOnDevice&) = delete;
+  void* stream() const { return stream_; }
+
+ private:
+  int prev_ = 0;
+  bool restore_ = false;
+  void* stream_ = nullptr;
+};
+#endif
+
 }  // namespace
 
 std::vector<paddle::Tensor> FlashmaskAttentionForward(const paddle::Tensor& q, const paddle::Tensor& k,
@@ -119,13 +168,16 @@ std::vector<paddle::Tensor> FlashmaskAttentionForward(const paddle::Tensor& q, c
   auto out = new_output(q.shape(), q.dtype(), q.place());
   auto lse = new_output({q.shape()[0], q.shape()[2], q.shape()[1]}, paddle::DataType::FLOAT32, q.place());
   if (q.numel() == 0) return {out, lse};
+  check_same_place(q, {{"k", &k}, {"v", &v}, {"startend_row_indices", &startend_row_indices},
+                       {"block_mask", block_mask ? &*block_mask : nullptr}});
   fm3_fwd_params p = make_params(q, k, v, startend_row_indices, block_mask, out, &lse, softmax_scale, causal);
   char err[512] = {0};
   if (q.is_cpu()) {
     raise_on_error(fm3_cpu_fwd(&p, err, sizeof(err)), err);
   } else {
 #ifdef FM3_WITH_CUDA
-    p.stream = q.stream();
+    LaunchOnDevice on_device(q.place());
+    p.stream = on_device.stream();
     raise_on_error(fm3_cuda_fwd(&p, err, sizeof(err)), err);
 #else
     PD_THROW("paddle_fm3 was built without CUDA kernels; move the tensors to CPU");
@@ -149,6 +201,9 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
   auto dv = new_output(v.shape(), v.dtype(), v.place());
   PD_CHECK(out_grad.dtype() == q.dtype() && out_grad.shape() == q.shape(), "out_grad must match q's shape and dtype");
   PD_CHECK(softmax_lse.dtype() == paddle::DataType::FLOAT32, "softmax_lse must be float32");
+  check_same_place(q, {{"k", &k}, {"v", &v}, {"startend_row_indices", &startend_row_indices},
+                       {"block_mask", block_mask ? &*block_mask : nullptr}, {"out", &out},
+                       {"softmax_lse", &softmax_lse}, {"out_grad", &out_grad}});
   paddle::Tensor lse = softmax_lse;
   fm3_bwd_params bp{};
   bp.fwd = make_params(q, k, v, startend_row_indices, block_mask, out, &lse, softmax_scale, causal);
@@ -161,7 +216,8 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
     raise_on_error(fm3_cpu_bwd(&bp, err, sizeof(err)), err);
   } else {
 #ifdef FM3_WITH_CUDA
-    bp.fwd.stream = q.stream();
+    LaunchOnDevice on_device(q.place());
+    bp.fwd.stream = on_device.stream();
     raise_on_error(fm3_cuda_bwd(&bp, err, sizeof(err)), err);
 #else
     PD_THROW("paddle_fm3 was built without CUDA kernels; move the tensors to CPU");
