@@ -57,7 +57,7 @@ def check_qkv(q, k, v) -> bool:
     zero_size = any(_known(x) and x == 0 for x in (b, sq, sk, h, hk, hv))
     if hk > 0 and hv > 0:
         if hk != hv:
-            raise ValueError(f"key and value num_heads (shape[2] of {QKV_LAYOUT}) differ: {hk} vs {hv}")
+            raise ValueError(f"key and value num_heads differ: {hk} vs {hv} (shape[2] of {QKV_LAYOUT})")
         if h % hk != 0:
             raise ValueError(f"query num_heads ({h}) must be a multiple of key/value num_heads ({hk}) "
                              f"(shape[2] of {QKV_LAYOUT}; query {list(q.shape)}, key {list(k.shape)})")

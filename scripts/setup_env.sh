@@ -8,5 +8,5 @@ VENV="${FM3_VENV:-$ROOT/.venv}"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 python -m pip install -q -r "$ROOT/requirements.txt" -r "$ROOT/requirements-build.txt"
-# The README's install command, with the test dependencies (pyproject.toml's dev extra).
-python -m pip install -q --no-build-isolation "$ROOT[dev]"
+# The README's install command, with the test dependencies and PaddleFormers (pyproject.toml's extras).
+python -m pip install -q --no-build-isolation "$ROOT[dev,paddleformers]"

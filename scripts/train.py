@@ -427,7 +427,7 @@ def make_runner(args, max_pos: int):
         import paddleformers  # noqa: F401
     except ImportError:
         print("error: --model llama needs PaddleFormers: pip install paddleformers "
-              "(pip install \".[dev]\" installs it; scripts/setup_env.sh does)", file=sys.stderr)
+              "(pip install \".[paddleformers]\" installs it; scripts/setup_env.sh does)", file=sys.stderr)
         raise SystemExit(2)
     return LlamaRunner(args, max_pos)
 
