@@ -55,7 +55,8 @@
 
 #include <type_traits>
 
-#include "flash_bwd_mma_sync.cuh"  // BwdArgs, classify_pair, no_mask_summary, mask_head
+#include "attn_args.h"  // BwdArgs
+#include "bwd_common.cuh"  // classify_pair, no_mask_summary, mask_head, dq_tile_offset
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"
 #include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
