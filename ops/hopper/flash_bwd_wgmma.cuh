@@ -34,17 +34,9 @@
 //     The two warpgroups take turns issuing S^T / dP^T (ping-pong on named
 //     barriers), so one's elementwise phase overlaps the other's products.
 //     dK, dV stay in registers over the whole GQA group and are written once.
-// Measured on the H200 (D=128, S=32K, bf16, BENCHMARKS.md), full / causal /
-// share_question TFLOP/s: this loop 482-484 / 421-449 / 420-433 (two runs). Steps to it: dQ by
-// red.global.add.v2.f32 atomics from the consumers' registers 361 / 353 / 324;
-// the writer warp 460-473 / 423-440 / 389-408 (waiting for S^T and dP^T
-// together instead: 456 / 427 / 385); dQ one tile late alone 456-460 / 433-436
-// / 387-390 (the warpgroups stay in lockstep); plus a one-time half-tile
-// stagger 476-485 / 435-445 / 406-423; ping-pong on top of the stagger 482 /
-// 450 / 413. Earlier, on the atomic loop: dQ staged and added by the consumers
-// themselves with 256-byte bulk reductions 261 (vs 324), P^T / dV overlapped
-// with dP^T 327 (vs 357, register pressure), per-warpgroup dQ over its own
-// keys 277, and a 3-stage ring 355.
+// Operand descriptors are built once per CTA (SmemDesc) and moved by constant offsets, with the
+// warpgroup index broadcast so the compiler keeps them in uniform registers. Measurements and the
+// variants tried: BENCHMARKS.md (Hopper backward).
 // block_mask: a tile lies inside one 128 x 128 block, so apply_block_mask
 // decides it whole and no per-element block_mask lookup is needed.
 #pragma once
