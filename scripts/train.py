@@ -744,7 +744,8 @@ def parse_args(argv=None):
                         "and summary.json (default: runs/<timestamp> in the current directory)")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its checkpoint/ up to --steps (the total);\n"
-                        "data, model and batch arguments must match the checkpoint's")
+                        "data, model and batch arguments must match the checkpoint's; the learning-rate\n"
+                        "schedule is recomputed for the new total (a warm restart)")
     g.add_argument("--checkpoint-every", type=int, default=50,
                    help="also save the checkpoint every N steps (0 = only at the end; default 50)")
     g.add_argument("--samples", type=int, default=3,
@@ -794,6 +795,10 @@ def main(argv=None) -> int:
         print("error: --resume needs --run-dir (the run folder to continue)", file=sys.stderr)
         return 2
     run_dir = pathlib.Path(args.run_dir) if args.run_dir else default_run_dir()
+    if not args.resume and (run_dir / "checkpoint").exists():
+        print(f"error: {run_dir} already holds a run (checkpoint/); pass --resume to continue it or another "
+              "--run-dir", file=sys.stderr)
+        return 2
 
     t0 = time.perf_counter()
     read = read_documents(args.data, args.text_field, args.max_doc_len, args.skip_bad)

@@ -172,6 +172,16 @@ def test_resume_refuses_a_mismatch(tmp_path, extra, msg):
         train.main([*TINY, "--run-dir", str(tmp_path), "--resume", *extra])
 
 
+def test_existing_run_is_not_overwritten(tmp_path, capsys):
+    """A run folder that holds a checkpoint is continued with --resume or left alone (it was overwritten)."""
+    run_train(tmp_path, "--samples", "0", "--checkpoint-every", "0")
+    before = (tmp_path / "metrics.csv").read_text()
+    train = _load_train()
+    assert train.main([*TINY, "--run-dir", str(tmp_path), "--steps", "1"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert (tmp_path / "metrics.csv").read_text() == before
+
+
 def test_resume_without_checkpoint_is_an_error(tmp_path):
     train = _load_train()
     with pytest.raises(SystemExit, match="no checkpoint"):
