@@ -701,7 +701,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawTextHelpFormatter)
     g = p.add_argument_group("data")
     g.add_argument("--data", default=None,
-                   help="folder of text files, or a .jsonl file; default: the Python stdlib's *.py sources")
+                   help="a folder (every file in it, .jsonl included, is one plain-text document) or a\n"
+                        ".jsonl file (one JSON object per line); default: the Python stdlib's *.py sources")
     g.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
     g.add_argument("--skip-bad", action="store_true",
                    help="skip (and count) files that are not UTF-8 text and malformed JSONL lines;\n"
