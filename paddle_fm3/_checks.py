@@ -11,6 +11,9 @@ from typing import Optional, Tuple
 import numpy as np
 
 MAX_SEQLEN = 2**31 - 1  # row indices are int32
+# The kernels compute scores as (softmax_scale * log2(e) * q) . k in float32.
+LOG2E = float(np.log2(np.e))
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 #: The last dimension C of ``startend_row_indices`` allowed with each ``causal`` flag.
 VALID_MASK_COLS = {True: (1, 2), False: (2, 4)}
@@ -87,10 +90,8 @@ def check_softmax_scale(softmax_scale, head_dim: int) -> float:
         return float(head_dim) ** -0.5
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    f32 = np.finfo(np.float32)
-    log2e = float(np.log2(np.e))
-    if not (float(softmax_scale) >= float(f32.tiny) and float(softmax_scale) * log2e <= float(f32.max)):
+    if not (float(softmax_scale) >= float(np.finfo(np.float32).tiny) and float(softmax_scale) * LOG2E <= FLOAT32_MAX):
         raise ValueError(f"softmax_scale must be a finite float32 > 0 whose scores fit in float32 "
-                         f"(softmax_scale * log2(e) <= {float(f32.max) / log2e:.3g}; the usual value is "
+                         f"(softmax_scale * log2(e) <= {FLOAT32_MAX / LOG2E:.3g}; the usual value is "
                          f"head_dim ** -0.5), got {softmax_scale}")
     return float(softmax_scale)

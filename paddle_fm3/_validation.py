@@ -3,17 +3,14 @@ argument and what was expected, raised before any kernel runs."""
 
 from __future__ import annotations
 
-import numpy as np
 import paddle
 
 from . import _config
+from ._checks import FLOAT32_MAX, LOG2E
 from ._checks import check_bool, check_mask_cols, check_softmax_scale, normalize_window_size  # noqa: F401
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
 QKV_LAYOUT = "[batch, seqlen, num_heads, head_dim]"
-# The kernels compute scores as (softmax_scale * log2(e) * q) . k in float32.
-_LOG2E = float(np.log2(np.e))
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _known(d) -> bool:
@@ -72,7 +69,7 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
     check_tensor("startend_row_indices", sri, 4)
     if sri.dtype != paddle.int32:
         raise TypeError(f"startend_row_indices must be int32, got {sri.dtype}")
-    b, sq, h = q.shape[0], q.shape[1], q.shape[2]
+    b, h = q.shape[0], q.shape[2]
     sk, hk = k.shape[1], k.shape[2]
     bm, hm, skm, c = sri.shape
     if not (_known(hm) and _known(c)):
@@ -130,8 +127,8 @@ def check_scores_fit_float32(softmax_scale: float, query, key) -> None:
         return
     amax_q = float(paddle.abs(query).max().astype("float32"))
     amax_k = float(paddle.abs(key).max().astype("float32"))
-    bound = softmax_scale * _LOG2E * query.shape[-1] * amax_q * amax_k
-    if not bound <= _FLOAT32_MAX:
+    bound = softmax_scale * LOG2E * query.shape[-1] * amax_q * amax_k
+    if not bound <= FLOAT32_MAX:
         raise ValueError(f"softmax_scale={softmax_scale} is too large for these inputs: the scores can reach "
                          f"softmax_scale * log2(e) * head_dim * max|query| * max|key| = {bound:.3g}, beyond "
-                         f"float32's {_FLOAT32_MAX:.3g} (the usual value is head_dim ** -0.5)")
+                         f"float32's {FLOAT32_MAX:.3g} (the usual value is head_dim ** -0.5)")

@@ -89,3 +89,14 @@ def check(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_mask
         rows = out.permute(0, 2, 1, 3)[empty]
         assert torch.all(rows == 0), "fully masked rows must be 0"
     return err
+
+
+def raw_paddle_values(sri, sq, seed):
+    """The mask with Paddle's out-of-range spellings: values equal to seqlen_q raised past it (Paddle's
+    own generators write document end + 1) and zeros made negative. The kernels read them clamped to
+    [0, seqlen_q] (fm3::load_column), so the clamped mask is the reference."""
+    rng = np.random.default_rng(seed)
+    raw = sri.astype(np.int64)
+    raw = np.where(raw == sq, sq + rng.integers(1, 1000, size=raw.shape), raw)
+    raw = np.where(raw == 0, -rng.integers(1, 1000, size=raw.shape), raw)
+    return np.ascontiguousarray(raw, dtype=np.int32)

@@ -20,7 +20,7 @@ import pytest
 from paddle_fm3 import kernels, masks, reference
 
 torch = pytest.importorskip("torch")
-from fm3_gpu_util import BWD_HEAD_DIMS as HEAD_DIMS, DTYPES, make_qkv  # noqa: E402
+from fm3_gpu_util import BWD_HEAD_DIMS as HEAD_DIMS, DTYPES, make_qkv, raw_paddle_values  # noqa: E402
 
 FAMILIES = sorted(masks.FAMILIES)
 BWD_TOL = {"bf16": 1e-2, "fp16": 2e-3}
@@ -310,17 +310,6 @@ def test_mma_sync_fallback(d, dtype, deterministic, monkeypatch):
         q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES[dtype], 600 + i)
         check_bwd(q, k, v, sri, causal, dtype, deterministic=deterministic, seed=600 + i)
 
-
-
-def raw_paddle_values(sri, sq, seed):
-    """The mask with Paddle's out-of-range spellings: values equal to seqlen_q raised past it (Paddle's
-    own generators write document end + 1) and zeros made negative. The kernels read them clamped to
-    [0, seqlen_q] (fm3::load_column), so the clamped mask is the reference."""
-    rng = np.random.default_rng(seed)
-    raw = sri.astype(np.int64)
-    raw = np.where(raw == sq, sq + rng.integers(1, 1000, size=raw.shape), raw)
-    raw = np.where(raw == 0, -rng.integers(1, 1000, size=raw.shape), raw)
-    return np.ascontiguousarray(raw, dtype=np.int32)
 
 
 @pytest.mark.parametrize("family", ["causal_document", "document", "share_question", "global_sliding_window"])

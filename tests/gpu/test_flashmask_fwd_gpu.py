@@ -7,7 +7,7 @@ import pytest
 from paddle_fm3 import masks
 
 torch = pytest.importorskip("torch")
-from fm3_gpu_util import DTYPES, HEAD_DIMS, check, make_qkv, run_kernel  # noqa: E402
+from fm3_gpu_util import DTYPES, HEAD_DIMS, check, make_qkv, raw_paddle_values, run_kernel  # noqa: E402
 
 FAMILIES = sorted(masks.FAMILIES)
 
@@ -152,7 +152,6 @@ def test_host_mask_and_strided_qkv():
     qkv = torch.randn(1, s, 3 * h, d, device="cuda").to(torch.bfloat16)
     q, k, v = qkv[:, :, :h], qkv[:, :, h:2 * h], qkv[:, :, 2 * h:]
     sri, causal = family_mask("document", s, 6)
-    from fm3_gpu_util import run_kernel
     from paddle_fm3 import reference
     out, lse = run_kernel(q, k, v, sri, causal)
     ro, _ = reference.attention_forward(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
@@ -212,14 +211,10 @@ def test_persistent_many_tiles_per_cta(d, dtype, monkeypatch):
 def test_values_outside_seqlen_q(family, d):
     """Out-of-range mask values (Paddle's meaning: above seqlen_q reads as seqlen_q, negative as 0) in the
     Hopper forward: the same output, bit for bit, as the clamped mask, which is checked against float64."""
-    rng = np.random.default_rng(d)
     sq = 300
-    fm = masks.FAMILIES[family](sq, rng)
+    fm = masks.FAMILIES[family](sq, np.random.default_rng(d))
     sri = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
-    raw = sri.astype(np.int64)
-    raw = np.where(raw == sq, sq + rng.integers(1, 1000, size=raw.shape), raw)
-    raw = np.where(raw == 0, -rng.integers(1, 1000, size=raw.shape), raw)
-    raw = np.ascontiguousarray(raw, dtype=np.int32)
+    raw = raw_paddle_values(sri, sq, d + 1)
     assert (raw > sq).any()
     q, k, v = make_qkv(1, sq, sq, 4, 2, d, DTYPES["bf16"], d + 1)
     check(q, k, v, sri, fm.causal, "bf16")
