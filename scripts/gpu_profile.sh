@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 ARGS=${PROFILE_ARGS:---bwd --family full --seqlen 8192}
 case "$ARGS" in *--bwd*) OURS="regex:flash_bwd_wgmma"; PEER="regex:BackwardSm90" ;;
                 *) OURS="regex:flash_fwd_wgmma"; PEER="regex:ForwardSm90" ;; esac
-METRICS=gpu__time_duration.sum,sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_requests_pipe_lsu_mem_local_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_local_op_st.sum,launch__registers_per_thread
+METRICS=${METRICS:-gpu__time_duration.sum,sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_requests_pipe_lsu_mem_local_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_local_op_st.sum,launch__registers_per_thread}
 for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
   name=$([ $impl = fm3 ] && echo "$OURS" || echo "$PEER")
   timeout 300 ncu --clock-control none --kernel-name "$name" --launch-skip 2 --launch-count 1 \

@@ -20,20 +20,19 @@
 //       P^T = exp2(S^T * scale * log2e - lse2), dS^T = P^T (dP^T - delta)
 //         per-element mask only on partial tiles: the thread's two key columns'
 //         row intervals sit in registers for the whole CTA
-//       dV += P^T dO, dK += dS^T Q             (A = P^T / dS^T from registers)
-//       dQ = dS K                               (dS^T staged in shared memory,
-//         3 buffers, MN-major A; split between the warpgroups along the head
-//         dim (D=128) or the keys (D=64)), issued one tile late -- the other
-//         warpgroup's half of dS^T is then long written (mbarriers, no
-//         cross-warpgroup barrier) -- and stored to shared memory in
-//         accumulator order; the writer warp adds the tile to the fp32
-//         workspace with one bulk reduction (cp.reduce.async.bulk .add.f32)
-//         per warpgroup part and hands the buffer back once it has been read.
+//       dV += P^T dO                            (A = P^T from registers)
+//       both warpgroups' dS^T in shared memory (2 buffers, one named barrier)
+//       dQ = dS K                               (A = dS^T, MN-major, from shared
+//         memory; split between the warpgroups along the head dim (D=128) or
+//         the keys (D=64)), then dK += dS^T Q (A = dS^T from registers): dQ
+//         is stored to shared memory in accumulator order while dK runs, and
+//         the writer warp adds the tile to the fp32 workspace with one bulk
+//         reduction (cp.reduce.async.bulk .add.f32) per warpgroup part,
+//         handing the buffer back once it has been read.
 //         Deterministic mode (kWriteDq = false) leaves dQ to the row-parallel
 //         pass.
-//     The two warpgroups take turns issuing S^T / dP^T (ping-pong on named
-//     barriers), so one's elementwise phase overlaps the other's products.
-//     dK, dV stay in registers over the whole GQA group and are written once.
+//     dK, dV stay in registers over the whole GQA group; the epilogue stages
+//     them in shared memory and writes them with 16-byte coalesced stores.
 // Operand descriptors are built once per CTA (SmemDesc) and moved by constant offsets, with the
 // warpgroup index broadcast so the compiler keeps them in uniform registers. Measurements and the
 // variants tried: BENCHMARKS.md (Hopper backward).
@@ -82,9 +81,13 @@ struct BwdWgTraits {
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kKBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
-  static constexpr int kDsBuffers = 3;  // dS^T buffers (tile % 3): dQ of a tile runs during the next one
+  static constexpr int kDsBuffers = 2;  // dS^T buffers (tile % 2)
   static constexpr int kOffdS = kOffdO + kStages * kQBytes;
   static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
+  // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
+  // 4-byte stores of a warp's 8 keys x 4 columns then fall in 32 different banks).
+  static constexpr int kEpiPitch = kHeadDim * 2 + 16;
+  static_assert(2 * kBlockN * kEpiPitch <= kOffLse - kOffQ, "dK / dV staging exceeds the Q / dO / dS ring");
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffEntry = kOffDelta + kStages * kBlockM * 4;  // 16 int
   static constexpr int kOffHead = kOffEntry + 16 * 4;                    // 16 int
@@ -93,9 +96,9 @@ struct BwdWgTraits {
   static constexpr int kOffDqOff = kOffWarpCounts + 16 * 4;               // int64: the dQ tile being written
   static constexpr int kOffdQ = (kOffDqOff + 8 + 1023) / 1024 * 1024;   // dQ tile, fp32, 2 x 16 KB (writer mode)
   static constexpr int kDqChunkFloats = 64 * 64;                         // one warpgroup's 64 x 64 part
-  // full[kStages], empty[kStages], kv, dq_full, dq_empty, ds_full[kDsBuffers], ds_empty[kDsBuffers]
+  // full[kStages], empty[kStages], kv, dq_full, dq_empty
   static constexpr int kOffBar = kOffdQ + 2 * kDqChunkFloats * 4;
-  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3 + 2 * kDsBuffers);
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
 };
@@ -124,7 +127,6 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   const uint32_t bar_empty = bar_full + 8 * kStages;
   const uint32_t bar_kv = bar_empty + 8 * kStages;
   const uint32_t bar_dq_full = bar_kv + 8, bar_dq_empty = bar_kv + 16;  // consumers <-> dQ writer warp
-  const uint32_t bar_ds_full = bar_kv + 24, bar_ds_empty = bar_ds_full + 8 * Tr::kDsBuffers;  // dS^T buffers
   const uint32_t sdQ = base_u32 + Tr::kOffdQ;
   volatile int64_t* sDqOff = reinterpret_cast<volatile int64_t*>(base + Tr::kOffDqOff);
 
@@ -145,10 +147,6 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     mbar_init(bar_kv, 1);
     mbar_init(bar_dq_full, 128 * Tr::kConsumerWGs);
     mbar_init(bar_dq_empty, 1);
-    for (int i = 0; i < Tr::kDsBuffers; ++i) {
-      mbar_init(bar_ds_full + 8 * i, 128 * Tr::kConsumerWGs);
-      mbar_init(bar_ds_empty + 8 * i, 128 * Tr::kConsumerWGs);
-    }
     mbar_fence_init();
   }
   __syncthreads();
@@ -269,7 +267,6 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   // accumulator order (bwd::dq_tile_offset), once the writer has read the previous tile's; the
   // writer warp adds it to the workspace.
   int dq_count = 0;
-  int64_t prev_off = 0;
   auto write_dq = [&](const float (&dq)[32], int64_t off) {
     if (dq_count > 0) mbar_wait(bar_dq_empty, (dq_count - 1) & 1);
     float* dst = reinterpret_cast<float*>(base + Tr::kOffdQ) + cw * Tr::kDqChunkFloats + wq * 8 * 128 + lane * 4;
@@ -283,10 +280,6 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   };
 
   mbar_wait(bar_kv, 0);
-  // Ping-pong: the warpgroups take turns issuing S^T / dP^T (named barriers 4 and 5), so one
-  // warpgroup's elementwise phase runs while the other's products keep the tensor cores busy;
-  // nothing else re-synchronizes them (dQ of a tile is computed during the next one).
-  if (cw == 1) named_barrier_arrive(4, 128 * Tr::kConsumerWGs);  // warpgroup 0 goes first
   int stage = 0, phase = 0, iter = 0;
   for (;; ++iter) {
     mbar_wait(bar_full + 8 * stage, phase);
@@ -313,7 +306,6 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 
     // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries each.
     float s[32], dp[32];
-    named_barrier_sync(4 + cw, 128 * Tr::kConsumerWGs);  // this warpgroup's turn
     gmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
@@ -329,7 +321,6 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
                      ks > 0);
     }
     gmma_commit();
-    named_barrier_arrive(5 - cw, 128 * Tr::kConsumerWGs);  // the other warpgroup's turn
     // P^T and dS^T (fp32, in place; masked per element on partial tiles), packed as the register
     // A operands of dV and dK.
     const float* lse_t = lse_s + stage * kBlockM;
@@ -384,9 +375,8 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     if constexpr (kWriteDq) {
       // dS^T to shared memory, [keys][64 queries], 128-byte rows, 16-byte chunks XOR-swizzled by
       // (key % 8) as TMA would write it. pds[ps][e]: key row key_local + 8 * (e % 2), queries
-      // 8 * (2 * ps + e / 2) + 2t, +1. Pipelined: the buffer is free once both warpgroups' dQ of
-      // tile iter - kDsBuffers has completed.
-      if (iter >= Tr::kDsBuffers) mbar_wait(bar_ds_empty + 8 * dsb, (iter / Tr::kDsBuffers - 1) & 1);
+      // 8 * (2 * ps + e / 2) + 2t, +1. Two buffers: both warpgroups' dQ of tile iter - 2 completed
+      // before either passed the dS barrier of tile iter - 1.
       unsigned char* dst = base + Tr::kOffdS + dsb * Tr::kDsBytes;
 #pragma unroll
       for (int ps = 0; ps < 4; ++ps)
@@ -396,79 +386,80 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
           *reinterpret_cast<uint32_t*>(dst + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) = pds[ps][e];
         }
       fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
-      mbar_arrive(bar_ds_full + 8 * dsb);
     }
-    // dV += P^T dO, dK += dS^T Q (B = dO / Q [queries][head dim], MN-major, k16 step = 16 query
-    // rows), then dQ of the previous tile: the other warpgroup wrote its half of that dS^T a tile
-    // ago, so the wait rarely blocks and the two warpgroups drift freely within the ring.
+    // dV += P^T dO (B = dO [queries][head dim], MN-major, k16 step = 16 query rows); then, once both
+    // warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to the writer.
     gmma_fence();
 #pragma unroll
     for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pp[ps], dsc_do_mn.at(qoff + ps * 2048), dv);
-#pragma unroll
-    for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
     gmma_commit();
-    if (kWriteDq && iter > 0) {
-      const int pb = (iter - 1) % Tr::kDsBuffers;
-      mbar_wait(bar_ds_full + 8 * pb, ((iter - 1) / Tr::kDsBuffers) & 1);
+    if constexpr (kWriteDq) {
+      named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves of dS^T written
       float dq[32];
-      issue_dq(pb, dq);
-      gmma_wait<0>();
+      issue_dq(dsb, dq);
+      gmma_wait<1>();  // dV done
+      fence_regs(dv);
+      fence_regs(pp);
+#pragma unroll
+      for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
+      gmma_commit();
+      gmma_wait<1>();  // dQ done; dK runs while dQ is stored
       fence_regs(dq);
-      fence_regs(dk);
-      fence_regs(dv);
-      fence_regs(pp);
-      fence_regs(pds);
-      mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
-      mbar_arrive(bar_ds_empty + 8 * pb);
-      write_dq(dq, prev_off);
+      write_dq(dq, (head_off + m0) * kHeadDim);
     } else {
-      gmma_wait<0>();
-      fence_regs(dk);
-      fence_regs(dv);
-      fence_regs(pp);
-      fence_regs(pds);
-      mbar_arrive(bar_empty + 8 * stage);
+#pragma unroll
+      for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
+      gmma_commit();
     }
-    prev_off = (head_off + m0) * kHeadDim;
+    gmma_wait<0>();
+    fence_regs(dk);
+    fence_regs(dv);
+    fence_regs(pp);
+    fence_regs(pds);
+    mbar_arrive(bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
     if (++stage == kStages) {
       stage = 0;
       phase ^= 1;
     }
   }
 
-  if (cw == 0) named_barrier_sync(4, 128 * Tr::kConsumerWGs);  // match warpgroup 1's last arrive
-  if constexpr (kWriteDq) {
-    if (iter > 0) {  // the last tile's dQ
-      const int pb = (iter - 1) % Tr::kDsBuffers;
-      mbar_wait(bar_ds_full + 8 * pb, ((iter - 1) / Tr::kDsBuffers) & 1);
-      float dq[32];
-      issue_dq(pb, dq);
-      gmma_wait<0>();
-      fence_regs(dq);
-      write_dq(dq, prev_off);
-    }
-    // End of the dQ stream.
+  if constexpr (kWriteDq) {  // end of the dQ stream
     if (dq_count > 0) mbar_wait(bar_dq_empty, (dq_count - 1) & 1);
     if (cw == 0 && wq == 0 && lane == 0) *sDqOff = -1;
     mbar_arrive(bar_dq_full);
   }
   (void)sdQ;
 
-  // Epilogue: dK * softmax_scale and dV, 4-byte stores of this thread's two keys.
-  T* dkg = static_cast<T*>(a.dk) + b * a.k_bs + hk * a.k_hs;
-  T* dvg = static_cast<T*>(a.dv) + b * a.v_bs + hk * a.v_hs;
+  // Epilogue: dK * softmax_scale and dV staged in shared memory (the Q / dO / dS^T ring, free once
+  // both warpgroups are past their last tile) in rows padded to a conflict-free pitch, then written
+  // with 16-byte coalesced stores, each warpgroup its own 64 keys.
+  named_barrier_sync(6, 128 * Tr::kConsumerWGs);
+  unsigned char* stage_k = base + Tr::kOffQ;
+  unsigned char* stage_v = stage_k + kBlockN * Tr::kEpiPitch;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int key = n0 + key_local + 8 * r;
-    if (key < a.seqlen_k) {
+    const int row = key_local + 8 * r;
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const int col = 8 * j + 2 * t;
-        *reinterpret_cast<uint32_t*>(dkg + static_cast<int64_t>(key) * a.k_rs + col) =
-            Mma<T>::pack(dk[j * 4 + 2 * r] * a.scale, dk[j * 4 + 2 * r + 1] * a.scale);
-        *reinterpret_cast<uint32_t*>(dvg + static_cast<int64_t>(key) * a.v_rs + col) =
-            Mma<T>::pack(dv[j * 4 + 2 * r], dv[j * 4 + 2 * r + 1]);
-      }
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const int off = row * Tr::kEpiPitch + (8 * j + 2 * t) * 2;
+      *reinterpret_cast<uint32_t*>(stage_k + off) = Mma<T>::pack(dk[j * 4 + 2 * r] * a.scale, dk[j * 4 + 2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(stage_v + off) = Mma<T>::pack(dv[j * 4 + 2 * r], dv[j * 4 + 2 * r + 1]);
+    }
+  }
+  named_barrier_sync(4 + cw, 128);  // this warpgroup's rows are staged
+  T* dkg = static_cast<T*>(a.dk) + b * a.k_bs + hk * a.k_hs;
+  T* dvg = static_cast<T*>(a.dv) + b * a.v_bs + hk * a.v_hs;
+  constexpr int kRowChunks = kHeadDim / 8;  // 16-byte chunks per key row
+#pragma unroll
+  for (int i = tid % 128; i < 64 * kRowChunks; i += 128) {
+    const int row = cw * 64 + i / kRowChunks, chunk = i % kRowChunks;
+    const int key = n0 + row;
+    if (key < a.seqlen_k) {
+      const int off = row * Tr::kEpiPitch + chunk * 16;
+      *reinterpret_cast<uint4*>(dkg + static_cast<int64_t>(key) * a.k_rs + chunk * 8) =
+          *reinterpret_cast<const uint4*>(stage_k + off);
+      *reinterpret_cast<uint4*>(dvg + static_cast<int64_t>(key) * a.v_rs + chunk * 8) =
+          *reinterpret_cast<const uint4*>(stage_v + off);
     }
   }
 }
