@@ -231,8 +231,10 @@ def fwd_kernel(c: dict) -> str:
 
 def bwd_kernel(c: dict) -> str:
     """Kernel that serves a backward config: the WGMMA kernel for head_dim 64/128 with 64 x 128
-    tiles (flash_bwd_wgmma.cuh's BwdWgTraits), else the mma.sync kernel (built for every config)."""
-    covered = (c["head_dim"] in (64, 128) and c["block_m"] == 64 and c["block_n"] == 128
+    tiles, or 128 x 128 at head_dim 64 (flash_bwd_wgmma.cuh's BwdWgTraits), else the mma.sync kernel
+    (built for every head dim with 64-row tiles: the fallback and the deterministic dQ pass)."""
+    hd, bm = c["head_dim"], c["block_m"]
+    covered = (hd in (64, 128) and (bm == 64 or (bm == 128 and hd == 64)) and c["block_n"] == 128
                and 2 <= c["stages"] <= 16)
     return WGMMA if covered else MMA_SYNC
 
@@ -266,8 +268,9 @@ def check_bwd_mma_sync(c: dict) -> None:
     if hd % 64 != 0:
         raise ConfigError(f"{where}: no kernel serves it; the mma.sync kernel's XOR swizzle of 16-byte chunks "
                           f"needs head_dim % 64 == 0 and the WGMMA kernel serves 64, 128")
-    if bm != 64:
-        raise ConfigError(f"{where}: block_m must be 64 (the warp layouts of the backward), got {bm}")
+    if bm != 64 and bwd_kernel(c) == MMA_SYNC:
+        raise ConfigError(f"{where}: block_m must be 64 (the warp layouts of the mma.sync backward), got {bm}")
+    bm = 64  # the mma.sync kernels always take 64-row tiles
     if bn not in (64, 128):
         raise ConfigError(f"{where}: block_n must be 64 or 128, got {bn}")
     ints = 4 * (4 * bn + 256 + 32)

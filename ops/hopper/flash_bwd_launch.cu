@@ -28,6 +28,10 @@ int bwd_block_n(int head_dim) {
   return 0;
 }
 
+// The mma.sync kernels' warp layouts take 64 query rows, whatever block_m the config gives the
+// WGMMA kernel (flash_bwd_mma_sync.cuh, BwdTraits).
+constexpr int kMmaSyncBlockM = 64;
+
 // dq = softmax_scale * dq_accum (row-major, or tile-blocked when `tiled`), or the row-parallel
 // deterministic dQ pass.
 template <typename T, int D, int BM, int BN>
@@ -89,7 +93,7 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
   kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
                                                                                                   mdo);
   FM3_CUDA_CHECK(cudaGetLastError());
-  return launch_dq<T, D, BM, BN>(args, deterministic, true, stream, err, err_len);
+  return launch_dq<T, D, kMmaSyncBlockM, BN>(args, deterministic, true, stream, err, err_len);
 }
 
 template <typename T>
@@ -107,7 +111,7 @@ int dispatch(const BwdArgs& args, int head_dim, bool deterministic, const void* 
       const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, deterministic, stream, err, err_len);      \
       if (rc >= 0) return rc;                                                                                   \
     }                                                                                                           \
-    return launch<T, hd, bm, bn>(args, deterministic, stream, err, err_len);                                    \
+    return launch<T, hd, kMmaSyncBlockM, bn>(args, deterministic, stream, err, err_len);                                    \
   }
   FM3_SM90_BWD_CONFIGS(FM3_X)
 #undef FM3_X

@@ -60,23 +60,30 @@ struct BwdWgTraits {
   static constexpr int kConsumerWGs = kBlockN / 64;  // 64 keys per consumer warpgroup
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // 128-query tiles hold twice the S^T / dP^T accumulators: the consumers take FlashAttention's 240.
+  static constexpr int kConsumerRegs = kBlockM == 128 ? 240 : 232;
+  static constexpr int kProducerRegs = kBlockM == 128 ? 24 : 40;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "WGMMA backward: head dim 64 or 128");
-  static_assert(kBlockM == 64 && kBlockN == 128, "WGMMA backward: 64 x 128 tiles (S^T is 64 keys x 64 queries per warpgroup)");
+  static_assert(kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
+                "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per warpgroup)");
   static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
                 "a tile must lie inside one block_mask block");
   static_assert(kStages >= 2 && kStages <= 16, "stages");
-  // dQ = dS K: along the head dim when each warpgroup has its own 64-column sub-tile, else along the keys.
-  static constexpr bool kDqSplitD = kDChunks == kConsumerWGs;
-  static constexpr int kDqKeys = kDqSplitD ? kBlockN : 64;
+  static constexpr int kQSub = kBlockM / 64;  // 64-query sub-tiles of dS^T (128-byte rows)
+  // dQ = dS K, split between the warpgroups: along the queries when the tile has 64 per warpgroup,
+  // else along the head dim when each warpgroup has its own 64-column sub-tile, else along the keys.
+  // In the first two, each warpgroup's part is one 64 x 64 tile of the dQ workspace.
+  static constexpr bool kDqSplitM = kQSub == kConsumerWGs;
+  static constexpr bool kDqSplitD = !kDqSplitM && kDChunks == kConsumerWGs;
+  static constexpr bool kDqOwnPart = kDqSplitM || kDqSplitD;
+  static constexpr int kDqKeys = kDqOwnPart ? kBlockN : 64;
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
                 "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
   // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T [keys][queries], one 128-byte row per key
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kKBytes;
@@ -164,7 +171,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
           if (off < 0) break;
 #pragma unroll
           for (int part = 0; part < Tr::kConsumerWGs; ++part)
-            bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqSplitD ? part * Tr::kDqChunkFloats : 0),
+            bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqChunkFloats : 0),
                                 sdQ + part * Tr::kDqChunkFloats * 4, Tr::kDqChunkFloats * 4);
           bulk_commit();
           bulk_wait_read<0>();
@@ -252,15 +259,19 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   const SmemDesc dsc_do_mn = smem_desc(sdO, kBlockM * 128, 1024);
   const SmemDesc dsc_ds = smem_desc(sdS, 16, 1024);                                   // MN-major A of dQ
   const SmemDesc dsc_kd = smem_desc(sK + (Tr::kDqSplitD ? cw * kBlockN * 128 : 0), kBlockN * 128, 1024);
+  constexpr int kS = kBlockM / 2;   // S^T / dP^T accumulators per thread (64 keys x kBlockM queries)
+  constexpr int kKs = kBlockM / 16;  // k16 steps of dV / dK (queries)
 
   // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys, from dS^T buffer `buf`:
   // A = dS^T [keys][queries] and B = K [keys][head dim], both MN-major (k16 step = 16 key rows).
   auto issue_dq = [&](int buf, float (&dq)[32]) {
-    const uint32_t key0 = Tr::kDqSplitD ? 0 : cw * 64 * 128;
+    const uint32_t key0 = Tr::kDqOwnPart ? 0 : cw * 64 * 128;
+    const uint32_t qsub = Tr::kDqSplitM ? cw * kBlockN * 128 : 0;  // this warpgroup's 64 queries
     gmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
-      gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq, ks > 0);
+      gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq,
+                        ks > 0);
     gmma_commit();
   };
   // This warpgroup's 64 x 64 part of the dQ tile at workspace offset `off` to shared memory in
@@ -304,21 +315,21 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     }
     const uint32_t qoff = stage * Tr::kQBytes;  // this stage's Q and dO
 
-    // S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries each.
-    float s[32], dp[32];
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys x kBlockM queries each.
+    float s[kS], dp[kS];
     gmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
-      gmma_ss<T, 64>(dsc_k.at((ks / 4) * kBlockN * 128 + off), dsc_q.at(qoff + (ks / 4) * kBlockM * 128 + off), s,
-                     ks > 0);
+      gmma_ss<T, kBlockM>(dsc_k.at((ks / 4) * kBlockN * 128 + off), dsc_q.at(qoff + (ks / 4) * kBlockM * 128 + off),
+                          s, ks > 0);
     }
     gmma_commit();  // S^T first: P^T is computed while dP^T is in flight
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;
-      gmma_ss<T, 64>(dsc_v.at((ks / 4) * kBlockN * 128 + off), dsc_do.at(qoff + (ks / 4) * kBlockM * 128 + off), dp,
-                     ks > 0);
+      gmma_ss<T, kBlockM>(dsc_v.at((ks / 4) * kBlockN * 128 + off), dsc_do.at(qoff + (ks / 4) * kBlockM * 128 + off),
+                          dp, ks > 0);
     }
     gmma_commit();
     // P^T and dS^T (fp32, in place; masked per element on partial tiles), packed as the register
@@ -330,7 +341,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     // Two copies of the loop, so that tiles without masked elements carry no per-element test.
     auto softmax = [&](auto masked) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int ql = j * 8 + 2 * t + c;
@@ -353,7 +364,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     gmma_wait<0>();
     fence_regs(dp);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const float dl = delta_t[j * 8 + 2 * t + c];
@@ -363,9 +374,9 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
           dp[i] = s[i] * (dp[i] - dl);
         }
       }
-    uint32_t pp[4][4], pds[4][4];
+    uint32_t pp[kKs][4], pds[kKs][4];
 #pragma unroll
-    for (int ps = 0; ps < 4; ++ps)
+    for (int ps = 0; ps < kKs; ++ps)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         pp[ps][e] = Mma<T>::pack(s[8 * ps + 2 * e], s[8 * ps + 2 * e + 1]);
@@ -373,17 +384,18 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       }
     const int dsb = iter % Tr::kDsBuffers;
     if constexpr (kWriteDq) {
-      // dS^T to shared memory, [keys][64 queries], 128-byte rows, 16-byte chunks XOR-swizzled by
-      // (key % 8) as TMA would write it. pds[ps][e]: key row key_local + 8 * (e % 2), queries
-      // 8 * (2 * ps + e / 2) + 2t, +1. Two buffers: both warpgroups' dQ of tile iter - 2 completed
-      // before either passed the dS barrier of tile iter - 1.
+      // dS^T to shared memory, [keys][queries] as kQSub sub-tiles of 64 queries, 128-byte rows,
+      // 16-byte chunks XOR-swizzled by (key % 8) as TMA would write it. pds[ps][e]: key row
+      // key_local + 8 * (e % 2), queries 8 * (2 * ps + e / 2) + 2t, +1. Two buffers: both
+      // warpgroups' dQ of tile iter - 2 completed before either passed the dS barrier of tile iter - 1.
       unsigned char* dst = base + Tr::kOffdS + dsb * Tr::kDsBytes;
 #pragma unroll
-      for (int ps = 0; ps < 4; ++ps)
+      for (int ps = 0; ps < kKs; ++ps)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int row = key_local + 8 * (e % 2), chunk = 2 * ps + e / 2;
-          *reinterpret_cast<uint32_t*>(dst + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) = pds[ps][e];
+          const int row = key_local + 8 * (e % 2), chunk = (2 * ps + e / 2) % 8, sub = ps / 4;
+          *reinterpret_cast<uint32_t*>(dst + sub * kBlockN * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) =
+              pds[ps][e];
         }
       fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
     }
@@ -391,7 +403,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     // warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to the writer.
     gmma_fence();
 #pragma unroll
-    for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pp[ps], dsc_do_mn.at(qoff + ps * 2048), dv);
+    for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pp[ps], dsc_do_mn.at(qoff + ps * 2048), dv);
     gmma_commit();
     if constexpr (kWriteDq) {
       named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves of dS^T written
@@ -401,14 +413,14 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       fence_regs(dv);
       fence_regs(pp);
 #pragma unroll
-      for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
+      for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
       gmma_commit();
       gmma_wait<1>();  // dQ done; dK runs while dQ is stored
       fence_regs(dq);
       write_dq(dq, (head_off + m0) * kHeadDim);
     } else {
 #pragma unroll
-      for (int ps = 0; ps < 4; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
+      for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
       gmma_commit();
     }
     gmma_wait<0>();
