@@ -221,7 +221,7 @@ def _ints(section: str, c: dict, keys: tuple[str, ...]) -> dict:
 
 def fwd_kernel(c: dict) -> str:
     """Kernel that serves a forward config: the WGMMA kernel where it covers the tile shape
-    (flash_fwd_wgmma.cuh's WgTraits), else the mma.sync kernel. The mma.sync kernel is built for
+    (WgTraits in ops/hopper/fwd/traits.cuh), else the mma.sync kernel. The mma.sync kernel is built for
     every config: it also serves layouts TMA cannot describe and FM3_FWD_KERNEL=mma_sync."""
     hd, bm, bn, st, wg = (c[k] for k in ("head_dim", "block_m", "block_n", "stages", "consumer_warpgroups"))
     covered = (hd in (64, 128, 256) and bn in (64, 128) and wg in (1, 2) and bm == 64 * wg and 2 <= st <= 16

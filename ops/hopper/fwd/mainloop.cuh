@@ -1,0 +1,175 @@
+// Forward WGMMA kernel (flash_fwd_wgmma.cuh): the consumers, warpgroups 1..kConsumerWGs, 64 query
+// rows each. Per tile of the scheduler (fwd/tile_scheduler.cuh), per stage of the K/V ring:
+// S = Q K^T with wgmma.mma_async (A and B from shared memory, fp32 accumulators), scale into log2
+// units, per-element mask (one bit test per element) only when the entry is tagged partial,
+// online softmax, P re-packed in registers as the A operand, O += P V with wgmma (A from
+// registers, V from shared memory MN-major), then every consumer thread arrives on the stage's
+// "empty" mbarrier to hand the stage back. At the tile boundary the consumers hand the Q buffer
+// back (q_empty) and write the tile (fwd/epilogue.cuh) while the producer loads the next one.
+//
+// Measured and not kept (H200, D=128, S=32K; BENCHMARKS.md): a software-pipelined
+// consumer loop (P_{i-1} V_{i-1} in flight during the softmax of S_i) with the two
+// warpgroups ping-ponging on named barriers: 306 TFLOP/s full with one K+V barrier
+// per stage, 460 with separate K and V barriers, against 536-552 for the plain
+// loop below; the tile sizes leave no room for a third stage.
+#pragma once
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "attn_args.h"  // FwdArgs
+#include "fm3/mask.h"   // BlockEntry
+#include "fwd/epilogue.cuh"
+#include "fwd/tile_scheduler.cuh"
+#include "fwd/traits.cuh"
+#include "sm90_primitives.cuh"
+#include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
+
+namespace fm3::hopper::sm90 {
+
+// The accumulators live in this function across the tile loop and the per-block steps are lambdas
+// over them: with the accumulators passed in by reference (the loop in the kernel), nvcc, which
+// optimizes a function before inlining it, emits different machine code.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+__device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                             const FwdTileScheduler<kBlockM>& sched, int wg, int warp, int lane) {
+  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  const int cw = wg - 1;               // consumer warpgroup: rows [cw * 64, cw * 64 + 64) of the tile
+  const int wq = warp % 4;             // warp within the warpgroup: 16 rows
+  const int g = lane / 4, t = lane % 4;
+  const int row_base = cw * 64 + wq * 16 + g;  // tile-local rows row_base and row_base + 8
+  constexpr int kS = kBlockN / 2;      // S accumulators per thread
+  constexpr int kO = kHeadDim / 2;     // O accumulators per thread
+  float o[kO];
+  float row_max[2], row_sum[2];  // log2 units; row_sum over this thread's columns only
+  // Operand descriptors, built once; a block's operands are these moved by byte offsets.
+  const SmemDesc dsc_q = smem_desc(sm.sQ + cw * 64 * 128, 16, 1024);  // this warpgroup's 64 rows of Q buffer 0
+  const SmemDesc dsc_k = smem_desc(sm.sK, 16, 1024), dsc_v = smem_desc(sm.sV, kBlockN * 128, 1024);
+  uint32_t qoff = 0;  // the tile's Q buffer (set per tile)
+
+  // S = Q K^T for the block in `stage` (issued, not waited for).
+  auto issue_qk = [&](float (&s)[kS], int stage) {
+    const uint32_t kvoff = stage * Tr::kKVBytes;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
+      gmma_ss<T, kBlockN>(dsc_q.at(qoff + (ks / 4) * kBlockM * 128 + off),
+                          dsc_k.at(kvoff + (ks / 4) * kBlockN * 128 + off), s, ks > 0);
+    }
+    gmma_commit();
+  };
+  // O += P V for the block in `stage` (issued, not waited for).
+  auto issue_pv = [&](const uint32_t (&p)[kBlockN / 16][4], int stage) {
+    const uint32_t kvoff = stage * Tr::kKVBytes;
+#pragma unroll
+    for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, kHeadDim>(p[ps], dsc_v.at(kvoff + ps * 2048), o);
+    gmma_commit();
+  };
+  // Scale into log2 units, mask (partial blocks only), online-softmax update of
+  // row_max / row_sum; S becomes P (unnormalized, fp32); returns the two rows'
+  // rescale factors for O.
+  auto softmax = [&](float (&s)[kS], int entry, int stage, float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < kS; ++i) s[i] *= a.scale_log2;
+    if (BlockEntry::partial(entry)) {
+      // This thread's rows row_base and row_base + 8 lie in one 32-row word of each column.
+      const uint32_t* bits = sm.mask + stage * Tr::kMaskStageInts + row_base / 32;
+      const int shift = row_base % 32;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const uint32_t w = bits[(j * 8 + 2 * t + c) * Tr::kMaskWords] >> shift;
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            if (!((w >> (8 * r)) & 1u)) s[j * 4 + 2 * r + c] = -CUDART_INF_F;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // two rows per thread: row_base and row_base + 8
+      float mx = row_max[r];
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * r], s[j * 4 + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base_m = mx == -CUDART_INF_F ? 0.f : mx;  // nothing visible yet: keep p = 0
+      alpha[r] = fast_exp2(row_max[r] - base_m);
+      row_max[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        s[j * 4 + 2 * r] = fast_exp2(s[j * 4 + 2 * r] - base_m);
+        s[j * 4 + 2 * r + 1] = fast_exp2(s[j * 4 + 2 * r + 1] - base_m);
+        sum += s[j * 4 + 2 * r] + s[j * 4 + 2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha[r] + sum;
+    }
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int d = 0; d < kHeadDim / 8; ++d)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        o[d * 4 + 2 * r] *= alpha[r];
+        o[d * 4 + 2 * r + 1] *= alpha[r];
+      }
+  };
+  // P (fp32 S accumulators) re-packed as the register A operand of O += P V.
+  auto pack_p = [&](const float (&s)[kS], uint32_t (&p)[kBlockN / 16][4]) {
+#pragma unroll
+    for (int ps = 0; ps < kBlockN / 16; ++ps) {
+      p[ps][0] = Mma<T>::pack(s[8 * ps + 0], s[8 * ps + 1]);
+      p[ps][1] = Mma<T>::pack(s[8 * ps + 2], s[8 * ps + 3]);
+      p[ps][2] = Mma<T>::pack(s[8 * ps + 4], s[8 * ps + 5]);
+      p[ps][3] = Mma<T>::pack(s[8 * ps + 6], s[8 * ps + 7]);
+    }
+  };
+
+  RingCursor<kStages> ring;
+  int tile = first_tile(sm, ring);
+  for (int k = 0; tile < a.num_tiles; ++k) {
+    const FwdTile x = sched.tile_at(a, tile);
+    const int qb = k % Tr::kQBuffers;
+    qoff = qb * Tr::kQBytes;
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] = 0.f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      row_max[r] = -CUDART_INF_F;
+      row_sum[r] = 0.f;
+    }
+    mbar_wait(sm.bar_q + 8 * qb, (k / Tr::kQBuffers) & 1);
+    for (;;) {
+      const int stage = ring.stage;
+      mbar_wait(sm.bar_full + 8 * stage, ring.phase);
+      const int entry = sm.entry[stage];
+      if (is_tile_boundary(entry)) {  // end of this tile; the boundary names the next one
+        tile = boundary_tile(entry);
+        mbar_arrive(sm.bar_empty + 8 * stage);
+        ring.advance();
+        break;
+      }
+      float s[kS];
+      gmma_fence();
+      issue_qk(s, stage);
+      gmma_wait<0>();
+      fence_regs(s);
+      float alpha[2];
+      softmax(s, entry, stage, alpha);
+      rescale_o(alpha);
+      uint32_t p[kBlockN / 16][4];
+      pack_p(s, p);
+      fence_regs(o);
+      gmma_fence();
+      issue_pv(p, stage);
+      gmma_wait<0>();
+      fence_regs(o);
+      fence_regs(p);
+      mbar_arrive(sm.bar_empty + 8 * stage);  // this thread is done with the stage (its reads happen-before the refill)
+      ring.advance();
+    }
+    mbar_arrive(sm.bar_q_empty + 8 * qb);  // every GEMM reading this Q buffer has completed
+    fwd_epilogue<T, kHeadDim>(a, x, o, row_max, row_sum, row_base, t);
+  }
+}
+
+}  // namespace fm3::hopper::sm90

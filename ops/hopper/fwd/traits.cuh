@@ -1,0 +1,101 @@
+// Forward WGMMA kernel (flash_fwd_wgmma.cuh): tile sizes, per-role thread and register budgets,
+// the shared-memory layout (WgTraits) and its addresses in one CTA (FwdSmem).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fm3/mask.h"           // kBlockMaskSize
+#include "warp_primitives.cuh"  // smem_u32
+
+namespace fm3::hopper::sm90 {
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+struct WgTraits {
+  static constexpr int kNumStages = kStages;
+  static constexpr int kConsumerWGs = kBlockM / 64;
+  static constexpr int kConsumerWarps = 4 * kConsumerWGs;
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kDChunks = kHeadDim / 64;  // 128-byte swizzle sub-tiles along the head dim
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA path: head dim 64, 128 or 256");
+  static_assert(kBlockN == 64 || kBlockN == 128, "WGMMA path: block_n 64 or 128");
+  static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 2, "64 rows per consumer warpgroup");
+  static_assert(kStages >= 2, "at least two stages");
+  static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
+                "a tile must lie inside one block_mask block (apply_block_mask then decides it whole)");
+  static_assert(kBlockN <= kProducerThreads, "one producer thread per key column");
+  // setmaxnreg.inc blocks until the registers are free: the per-role budgets must fit in what the CTA
+  // got at launch (the __launch_bounds__(kThreads, 1) cap, 65536 / kThreads rounded down to 8, per thread).
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
+                "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
+  // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kOffQ = 0;
+  // Q double-buffered (the next tile's Q loads during this tile) where shared memory allows; at head
+  // dim 256 a second 64 KB buffer does not fit beside the K/V ring, so Q loads between tiles.
+  static constexpr int kQBuffers = 2 * kQBytes + 2 * kStages * kKVBytes + 8192 <= 227 * 1024 ? 2 : 1;
+  static constexpr int kOffK = kOffQ + kQBuffers * kQBytes;
+  static constexpr int kOffV = kOffK + kStages * kKVBytes;
+  static constexpr int kMaskWords = kBlockM / 32;               // visibility words per key column
+  static constexpr int kOffMask = kOffV + kStages * kKVBytes;  // kStages x [kBlockN][kMaskWords] uint32
+  static constexpr int kMaskStageInts = kMaskWords * kBlockN;
+  static constexpr int kOffEntry = kOffMask + kStages * kMaskStageInts * 4;  // kStages int
+  static constexpr int kOffList = kOffEntry + 16 * 4;                          // kProducerThreads int
+  static constexpr int kOffWarpCounts = kOffList + kProducerThreads * 4;       // 4 int (+pad)
+  static constexpr int kOffTile = kOffWarpCounts + 16 * 4;  // 2 int: next tile, by tile parity
+  static constexpr int kOffBar = kOffTile + 16;  // full[kStages], empty[kStages], q[2], q_empty[2]
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 4);
+  static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
+  static_assert(kStages <= 16, "entry slots");
+  static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
+};
+
+// WgTraits' shared-memory layout placed at the CTA's dynamic shared memory, rounded up to 1024 bytes.
+template <class Tr>
+struct FwdSmem {
+  uint32_t sQ, sK, sV;  // Q buffers, K and V stages (shared-space addresses)
+  uint32_t* mask;       // visibility bits: kStages x [kBlockN][kMaskWords]
+  volatile int* entry;  // per stage: the block's entry or a tile boundary (tile_scheduler.cuh)
+  int* list;            // the mask scheduler's compacted window
+  int* warp_counts;     // the mask scheduler's per-warp counts
+  int* tile;            // the next tile, by tile parity
+  uint32_t bar_full, bar_empty, bar_q, bar_q_empty;  // mbarriers: [kStages], [kStages], [2], [2]
+
+  __device__ __forceinline__ explicit FwdSmem(unsigned char* smem_raw) {
+    const uint32_t raw_u32 = smem_u32(smem_raw);
+    const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;
+    unsigned char* base = smem_raw + (base_u32 - raw_u32);
+    sQ = base_u32 + Tr::kOffQ;
+    sK = base_u32 + Tr::kOffK;
+    sV = base_u32 + Tr::kOffV;
+    mask = reinterpret_cast<uint32_t*>(base + Tr::kOffMask);
+    entry = reinterpret_cast<volatile int*>(base + Tr::kOffEntry);
+    list = reinterpret_cast<int*>(base + Tr::kOffList);
+    warp_counts = reinterpret_cast<int*>(base + Tr::kOffWarpCounts);
+    bar_full = base_u32 + Tr::kOffBar;
+    bar_empty = bar_full + 8 * Tr::kNumStages;
+    bar_q = bar_empty + 8 * Tr::kNumStages;
+    tile = reinterpret_cast<int*>(base + Tr::kOffTile);
+    bar_q_empty = bar_q + 16;  // bar_q[2], then bar_q_empty[2]
+  }
+};
+
+// The cursor of the kStages-deep K/V ring: both roles walk the stages in order and the phase bit
+// flips at each wrap; the producer waits on a stage's "empty" mbarrier with phase ^ 1, the
+// consumers on its "full" mbarrier with phase.
+template <int kStages>
+struct RingCursor {
+  int stage = 0, phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+}  // namespace fm3::hopper::sm90
