@@ -60,9 +60,9 @@ struct BwdWgTraits {
   static constexpr int kConsumerWGs = kBlockN / 64;  // 64 keys per consumer warpgroup
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim
-  // 128-query tiles hold twice the S^T / dP^T accumulators: the consumers take FlashAttention's 240.
-  static constexpr int kConsumerRegs = kBlockM == 128 ? 240 : 232;
-  static constexpr int kProducerRegs = kBlockM == 128 ? 24 : 40;
+  // FlashAttention-3/4 budgets (measured: BENCHMARKS.md, Hopper backward).
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 24;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "WGMMA backward: head dim 64 or 128");
   static_assert(kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
                 "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per warpgroup)");
@@ -334,8 +334,16 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     gmma_commit();
     // P^T and dS^T (fp32, in place; masked per element on partial tiles), packed as the register
     // A operands of dV and dK.
+    // 64-query tiles: this thread's queries' lse2 is read while S^T is in flight, and delta while dP^T
+    // is (query pairs 2t, 2t + 1 are adjacent); 128-query tiles have no registers to spare for them.
+    constexpr bool kStatsInRegs = kBlockM == 64;
     const float* lse_t = lse_s + stage * kBlockM;
     const float* delta_t = delta_s + stage * kBlockM;
+    float2 l2[kBlockM / 8], dlt[kBlockM / 8];
+    if constexpr (kStatsInRegs) {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) l2[j] = *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t);
+    }
     gmma_wait<1>();
     fence_regs(s);
     // Two copies of the loop, so that tiles without masked elements carry no per-element test.
@@ -345,11 +353,11 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int ql = j * 8 + 2 * t + c;
-          const float l2 = lse_t[ql];
+          const float lse2 = !kStatsInRegs ? lse_t[ql] : c == 0 ? l2[j].x : l2[j].y;
 #pragma unroll
           for (int r = 0; r < 2; ++r) {
             const int i = j * 4 + 2 * r + c;
-            float p = fast_exp2(s[i] * a.scale_log2 - l2);  // lse2 = +inf (empty row, padding): 0
+            float p = fast_exp2(s[i] * a.scale_log2 - lse2);  // lse2 = +inf (empty row, padding): 0
             if constexpr (decltype(masked)::value) {
               if (row_masked(cb[r], m0 + ql)) p = 0.f;
             }
@@ -361,13 +369,17 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
       softmax(std::true_type{});
     else
       softmax(std::false_type{});
+    if constexpr (kStatsInRegs) {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) dlt[j] = *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
+    }
     gmma_wait<0>();
     fence_regs(dp);
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const float dl = delta_t[j * 8 + 2 * t + c];
+        const float dl = !kStatsInRegs ? delta_t[j * 8 + 2 * t + c] : c == 0 ? dlt[j].x : dlt[j].y;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int i = j * 4 + 2 * r + c;
