@@ -64,12 +64,10 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
     for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, kHeadDim>(p[ps], dsc_v.at(kvoff + ps * 2048), o);
     gmma_commit();
   };
-  // Scale into log2 units, mask (partial blocks only), online-softmax update of
-  // row_max / row_sum; S becomes P (unnormalized, fp32); returns the two rows'
-  // rescale factors for O.
+  // Mask (partial blocks only), online-softmax update of row_max (log2 units) / row_sum; S becomes
+  // P (unnormalized, fp32), the scale into log2 units folded into the exponent's FFMA (the scale is
+  // > 0, so the raw maximum scales to the scaled one); returns the two rows' rescale factors for O.
   auto softmax = [&](float (&s)[kS], int entry, int stage, float (&alpha)[2]) {
-#pragma unroll
-    for (int i = 0; i < kS; ++i) s[i] *= a.scale_log2;
     if (BlockEntry::partial(entry)) {
       // This thread's rows row_base and row_base + 8 lie in one 32-row word of each column.
       const uint32_t* bits = sm.mask + stage * Tr::kMaskStageInts + row_base / 32;
@@ -86,25 +84,28 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // two rows per thread: row_base and row_base + 8
-      float mx = row_max[r];
+      float mx = -CUDART_INF_F;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + 2 * r], s[j * 4 + 2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(row_max[r], mx * a.scale_log2);
       const float base_m = mx == -CUDART_INF_F ? 0.f : mx;  // nothing visible yet: keep p = 0
       alpha[r] = fast_exp2(row_max[r] - base_m);
       row_max[r] = mx;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
-        s[j * 4 + 2 * r] = fast_exp2(s[j * 4 + 2 * r] - base_m);
-        s[j * 4 + 2 * r + 1] = fast_exp2(s[j * 4 + 2 * r + 1] - base_m);
+        s[j * 4 + 2 * r] = fast_exp2(fmaf(s[j * 4 + 2 * r], a.scale_log2, -base_m));
+        s[j * 4 + 2 * r + 1] = fast_exp2(fmaf(s[j * 4 + 2 * r + 1], a.scale_log2, -base_m));
         sum += s[j * 4 + 2 * r] + s[j * 4 + 2 * r + 1];
       }
       row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
   };
+  // O *= alpha, skipped when neither row's maximum moved (most blocks once the maximum settles).
   auto rescale_o = [&](const float (&alpha)[2]) {
+    if (alpha[0] == 1.f && alpha[1] == 1.f) return;
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d)
 #pragma unroll
