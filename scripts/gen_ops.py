@@ -231,7 +231,7 @@ def fwd_kernel(c: dict) -> str:
 
 def bwd_kernel(c: dict) -> str:
     """Kernel that serves a backward config: the WGMMA kernel for head_dim 64/128 with 64 x 128
-    tiles, or 128 x 128 at head_dim 64 (flash_bwd_wgmma.cuh's BwdWgTraits), else the mma.sync kernel
+    tiles, or 128 x 128 at head_dim 64 (BwdWgTraits in ops/hopper/bwd/traits.cuh), else the mma.sync kernel
     (built for every head dim with 64-row tiles: the fallback and the deterministic dQ pass)."""
     hd, bm = c["head_dim"], c["block_m"]
     covered = (hd in (64, 128) and (bm == 64 or (bm == 128 and hd == 64)) and c["block_n"] == 128

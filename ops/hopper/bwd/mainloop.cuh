@@ -1,0 +1,258 @@
+// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the consumers, warpgroups 1..kConsumerWGs, 64 keys
+// each. Per query tile of the ring (kBlockM queries), with WGMMA:
+//   S^T = K Q^T, dP^T = V dO^T              (A, B from shared memory; P^T is computed while dP^T is
+//                                            in flight)
+//   P^T = exp2(S^T * scale * log2e - lse2), dS^T = P^T (dP^T - delta)
+//     per-element mask only on partial tiles: the thread's two key columns' row intervals sit in
+//     registers for the whole CTA
+//   dV += P^T dO                              (A = P^T from registers)
+//   both warpgroups' dS^T in shared memory (2 buffers, one named barrier)
+//   dQ = dS K                                 (A = dS^T, MN-major, from shared memory; split between
+//     the warpgroups along the queries (128-query tiles) or the head dim (D=128), else the keys),
+//     then dK += dS^T Q (A = dS^T from registers): dQ is stored to shared memory in accumulator
+//     order while dK runs and handed to the dQ writer warp (bwd/dq_writer.cuh). Deterministic mode
+//     (kWriteDq = false) leaves dQ to the row-parallel pass.
+// dK, dV stay in registers over the whole GQA group; bwd/epilogue.cuh writes them.
+// Operand descriptors are built once per CTA (SmemDesc) and moved by constant offsets, with the
+// warpgroup index broadcast so the compiler keeps them in uniform registers.
+#pragma once
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "attn_args.h"     // BwdArgs
+#include "bwd/epilogue.cuh"
+#include "bwd/traits.cuh"
+#include "bwd_common.cuh"  // mask_head
+#include "fm3/mask.h"      // BlockEntry, ColumnBounds, column_bounds, row_masked
+#include "sm90_primitives.cuh"
+#include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
+
+namespace fm3::hopper::sm90 {
+
+// The dK / dV accumulators live in this function across the tile loop and go to the epilogue at the
+// end. tid, warp, lane: this thread; wg: its warpgroup, broadcast from lane 0 so the compiler sees it
+// warp-uniform.
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kWriteDq>
+__device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
+                                             const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                             const BwdBlock& blk, int tid, int warp, int lane, int wg) {
+  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  const int b = blk.b, n0 = blk.n0, causal_offset = blk.causal_offset;
+  const int cw = wg - 1;   // consumer warpgroup: keys [cw * 64, cw * 64 + 64) of the block
+  const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
+  const int g = lane / 4, t = lane % 4;
+  const int key_local = cw * 64 + wq * 16 + g;  // this thread's keys: key_local and key_local + 8
+  constexpr int kD = kHeadDim / 2;              // dK / dV accumulators per thread (m64 x kHeadDim)
+  float dk[kD], dv[kD];
+#pragma unroll
+  for (int i = 0; i < kD; ++i) dk[i] = dv[i] = 0.f;
+  ColumnBounds cb[2];
+  int cur_hm = -1, cur_h = -1, hm = 0;
+  int64_t head_off = 0;
+  // Operand descriptors, built once; a tile's operands are these moved by constant byte offsets.
+  const SmemDesc dsc_k = smem_desc(sm.sK + cw * 64 * 128, 16, 1024);  // this warpgroup's keys (S^T A operand)
+  const SmemDesc dsc_v = smem_desc(sm.sV + cw * 64 * 128, 16, 1024);
+  const SmemDesc dsc_q = smem_desc(sm.sQ, 16, 1024), dsc_do = smem_desc(sm.sdO, 16, 1024);  // K-major B of S^T, dP^T
+  const SmemDesc dsc_q_mn = smem_desc(sm.sQ, kBlockM * 128, 1024);                       // MN-major B of dK, dV
+  const SmemDesc dsc_do_mn = smem_desc(sm.sdO, kBlockM * 128, 1024);
+  const SmemDesc dsc_ds = smem_desc(sm.sdS, 16, 1024);                                   // MN-major A of dQ
+  const SmemDesc dsc_kd = smem_desc(sm.sK + (Tr::kDqSplitD ? cw * kBlockN * 128 : 0), kBlockN * 128, 1024);
+  constexpr int kS = kBlockM / 2;   // S^T / dP^T accumulators per thread (64 keys x kBlockM queries)
+  constexpr int kKs = kBlockM / 16;  // k16 steps of dV / dK (queries)
+
+  // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys, from dS^T buffer `buf`:
+  // A = dS^T [keys][queries] and B = K [keys][head dim], both MN-major (k16 step = 16 key rows).
+  auto issue_dq = [&](int buf, float (&dq)[32]) {
+    const uint32_t key0 = Tr::kDqOwnPart ? 0 : cw * 64 * 128;
+    const uint32_t qsub = Tr::kDqSplitM ? cw * kBlockN * 128 : 0;  // this warpgroup's 64 queries
+    gmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
+      gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq,
+                        ks > 0);
+    gmma_commit();
+  };
+  // This warpgroup's 64 x 64 part of the dQ tile at workspace offset `off` to shared memory in
+  // accumulator order (bwd::dq_tile_offset), once the writer has read the previous tile's; the
+  // writer warp adds it to the workspace.
+  int dq_count = 0;
+  auto write_dq = [&](const float (&dq)[32], int64_t off) {
+    if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
+    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqChunkFloats + wq * 8 * 128 + lane * 4;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    fence_proxy_async();  // read by the bulk reduction (async proxy)
+    if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = off;
+    mbar_arrive(sm.bar_dq_full);
+    ++dq_count;
+  };
+
+  mbar_wait(sm.bar_kv, 0);
+  int stage = 0, phase = 0, iter = 0;
+  for (;; ++iter) {
+    mbar_wait(sm.bar_full + 8 * stage, phase);
+    const int entry = sm.entry[stage];
+    if (entry < 0) break;
+    const int h = sm.head[stage];
+    const int m0 = BlockEntry::block(entry) * kBlockM;
+    const bool partial = BlockEntry::partial(entry);
+    if (h != cur_h) {  // per-head values, once per head (the division stays out of the tile loop)
+      cur_h = h;
+      hm = bwd::mask_head(a, h);
+      head_off = (static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride;
+    }
+    if (partial && hm != cur_hm) {  // the two key columns' bounds, once per mask head
+      const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
+      const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        cb[r] = column_bounds(sri, n0 + key_local + 8 * r, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal,
+                              causal_offset);
+      cur_hm = hm;
+    }
+    const uint32_t qoff = stage * Tr::kQBytes;  // this stage's Q and dO
+
+    // S^T = K Q^T and dP^T = V dO^T: 64 keys x kBlockM queries each.
+    float s[kS], dp[kS];
+    gmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
+      gmma_ss<T, kBlockM>(dsc_k.at((ks / 4) * kBlockN * 128 + off), dsc_q.at(qoff + (ks / 4) * kBlockM * 128 + off),
+                          s, ks > 0);
+    }
+    gmma_commit();  // S^T first: P^T is computed while dP^T is in flight
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks % 4) * 32;
+      gmma_ss<T, kBlockM>(dsc_v.at((ks / 4) * kBlockN * 128 + off), dsc_do.at(qoff + (ks / 4) * kBlockM * 128 + off),
+                          dp, ks > 0);
+    }
+    gmma_commit();
+    // P^T and dS^T (fp32, in place; masked per element on partial tiles), packed as the register
+    // A operands of dV and dK.
+    // 64-query tiles: this thread's queries' lse2 is read while S^T is in flight, and delta while dP^T
+    // is (query pairs 2t, 2t + 1 are adjacent); 128-query tiles have no registers to spare for them.
+    constexpr bool kStatsInRegs = kBlockM == 64;
+    const float* lse_t = sm.lse + stage * kBlockM;
+    const float* delta_t = sm.delta + stage * kBlockM;
+    float2 l2[kBlockM / 8], dlt[kBlockM / 8];
+    if constexpr (kStatsInRegs) {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) l2[j] = *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t);
+    }
+    gmma_wait<1>();
+    fence_regs(s);
+    // Two copies of the loop, so that tiles without masked elements carry no per-element test.
+    auto softmax = [&](auto masked) {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int ql = j * 8 + 2 * t + c;
+          const float lse2 = !kStatsInRegs ? lse_t[ql] : c == 0 ? l2[j].x : l2[j].y;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = j * 4 + 2 * r + c;
+            float p = fast_exp2(s[i] * a.scale_log2 - lse2);  // lse2 = +inf (empty row, padding): 0
+            if constexpr (decltype(masked)::value) {
+              if (row_masked(cb[r], m0 + ql)) p = 0.f;
+            }
+            s[i] = p;
+          }
+        }
+    };
+    if (partial)
+      softmax(std::true_type{});
+    else
+      softmax(std::false_type{});
+    if constexpr (kStatsInRegs) {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) dlt[j] = *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
+    }
+    gmma_wait<0>();
+    fence_regs(dp);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float dl = !kStatsInRegs ? delta_t[j * 8 + 2 * t + c] : c == 0 ? dlt[j].x : dlt[j].y;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = j * 4 + 2 * r + c;
+          dp[i] = s[i] * (dp[i] - dl);
+        }
+      }
+    uint32_t pp[kKs][4], pds[kKs][4];
+#pragma unroll
+    for (int ps = 0; ps < kKs; ++ps)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pp[ps][e] = Mma<T>::pack(s[8 * ps + 2 * e], s[8 * ps + 2 * e + 1]);
+        pds[ps][e] = Mma<T>::pack(dp[8 * ps + 2 * e], dp[8 * ps + 2 * e + 1]);
+      }
+    const int dsb = iter % Tr::kDsBuffers;
+    if constexpr (kWriteDq) {
+      // dS^T to shared memory, [keys][queries] as kQSub sub-tiles of 64 queries, 128-byte rows,
+      // 16-byte chunks XOR-swizzled by (key % 8) as TMA would write it. pds[ps][e]: key row
+      // key_local + 8 * (e % 2), queries 8 * (2 * ps + e / 2) + 2t, +1. Two buffers: both
+      // warpgroups' dQ of tile iter - 2 completed before either passed the dS barrier of tile iter - 1.
+      unsigned char* dst = sm.base + Tr::kOffdS + dsb * Tr::kDsBytes;
+#pragma unroll
+      for (int ps = 0; ps < kKs; ++ps)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = key_local + 8 * (e % 2), chunk = (2 * ps + e / 2) % 8, sub = ps / 4;
+          *reinterpret_cast<uint32_t*>(dst + sub * kBlockN * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) =
+              pds[ps][e];
+        }
+      fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
+    }
+    // dV += P^T dO (B = dO [queries][head dim], MN-major, k16 step = 16 query rows); then, once both
+    // warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to the writer.
+    gmma_fence();
+#pragma unroll
+    for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pp[ps], dsc_do_mn.at(qoff + ps * 2048), dv);
+    gmma_commit();
+    if constexpr (kWriteDq) {
+      named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves of dS^T written
+      float dq[32];
+      issue_dq(dsb, dq);
+      gmma_wait<1>();  // dV done
+      fence_regs(dv);
+      fence_regs(pp);
+#pragma unroll
+      for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
+      gmma_commit();
+      gmma_wait<1>();  // dQ done; dK runs while dQ is stored
+      fence_regs(dq);
+      write_dq(dq, (head_off + m0) * kHeadDim);
+    } else {
+#pragma unroll
+      for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
+      gmma_commit();
+    }
+    gmma_wait<0>();
+    fence_regs(dk);
+    fence_regs(dv);
+    fence_regs(pp);
+    fence_regs(pds);
+    mbar_arrive(sm.bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+
+  if constexpr (kWriteDq) {  // end of the dQ stream
+    if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
+    if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = -1;
+    mbar_arrive(sm.bar_dq_full);
+  }
+
+  bwd_epilogue<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
+}
+
+}  // namespace fm3::hopper::sm90

@@ -1,0 +1,88 @@
+// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the producer, warp 0 of warpgroup 0. Its lane 0
+// TMA-loads K and V of the key block once; then, for every query head of the GQA group, the warp
+// runs the query-tile scheduler (compact_window over fm3::classify_tile / apply_block_mask of the
+// key block's summary, 32 tiles per window) and lane 0 streams the surviving query tiles -- Q and
+// dO (TMA, 128-byte swizzle), lse2 and delta (1-D bulk copies) -- into a kStages-deep ring on
+// mbarriers, with the tile's entry (index + partial tag) and head beside each stage. A fully
+// masked tile is never loaded. An entry of -1 ends the stream.
+// block_mask: a tile lies inside one 128 x 128 block, so apply_block_mask decides it whole and no
+// per-element block_mask lookup is needed.
+#pragma once
+#include <cuda.h>
+#include <stdint.h>
+
+#include "attn_args.h"     // BwdArgs
+#include "bwd/traits.cuh"
+#include "bwd_common.cuh"  // classify_pair, no_mask_summary, mask_head
+#include "fm3/mask.h"      // BlockEntry
+#include "mask_scheduler.cuh"
+#include "sm90_primitives.cuh"
+
+namespace fm3::hopper::sm90 {
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+__device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
+                                             const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                             const CUtensorMap* tmap_q, const CUtensorMap* tmap_k,
+                                             const CUtensorMap* tmap_v, const CUtensorMap* tmap_do, const BwdBlock& blk,
+                                             int lane) {
+  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  const int nb = blk.nb, hk = blk.hk, b = blk.b, n0 = blk.n0, group = blk.group;
+  const int n_mtiles = blk.n_mtiles, n_kblocks = blk.n_kblocks, causal_offset = blk.causal_offset;
+  if (lane == 0) {
+    tma_prefetch_desc(tmap_q);
+    tma_prefetch_desc(tmap_do);
+    mbar_arrive_expect_tx(sm.bar_kv, 2 * Tr::kKBytes);
+#pragma unroll
+    for (int c = 0; c < Tr::kDChunks; ++c) {
+      tma_load_4d(sm.sK + c * kBlockN * 128, tmap_k, sm.bar_kv, c * 64, n0, hk, b);
+      tma_load_4d(sm.sV + c * kBlockN * 128, tmap_v, sm.bar_kv, c * 64, n0, hk, b);
+    }
+  }
+  int stage = 0, phase = 0;
+  for (int h = hk * group; h < (hk + 1) * group; ++h) {
+    const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + bwd::mask_head(a, h);
+    const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+    const BlockSummary summ = a.summary ? a.summary[bhm * n_kblocks + nb] : bwd::no_mask_summary(a.seqlen_q);
+    const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
+    const float* lse2 = a.lse2 + bh * a.lse_stride;
+    const float* delta = a.delta + bh * a.lse_stride;
+    auto classify = [&](int mt) {
+      return bwd::classify_pair(summ, bm, a.bm_cols, mt * kBlockM, kBlockM, n0, kBlockN, a.seqlen_q, a.seqlen_k,
+                                a.causal, causal_offset);
+    };
+    for (int first = 0; first < n_mtiles; first += 32) {
+      const int count = compact_window<32, 1>(classify, first, n_mtiles, sm.list, sm.warp_counts);
+      for (int i = 0; i < count; ++i) {
+        if (lane == 0) {
+          const int entry = sm.list[i];
+          const int m0 = BlockEntry::block(entry) * kBlockM;
+          mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
+          sm.entry[stage] = entry;
+          sm.head[stage] = h;
+          const uint32_t full = sm.bar_full + 8 * stage;
+          mbar_arrive_expect_tx(full, 2 * Tr::kQBytes + 2 * kBlockM * 4);
+#pragma unroll
+          for (int c = 0; c < Tr::kDChunks; ++c) {
+            tma_load_4d(sm.sQ + stage * Tr::kQBytes + c * kBlockM * 128, tmap_q, full, c * 64, m0, h, b);
+            tma_load_4d(sm.sdO + stage * Tr::kQBytes + c * kBlockM * 128, tmap_do, full, c * 64, m0, h, b);
+          }
+          bulk_load_1d(sm.sLse + stage * kBlockM * 4, lse2 + m0, kBlockM * 4, full);
+          bulk_load_1d(sm.sDelta + stage * kBlockM * 4, delta + m0, kBlockM * 4, full);
+        }
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      __syncwarp();
+    }
+  }
+  if (lane == 0) {  // end of stream
+    mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
+    sm.entry[stage] = -1;
+    mbar_arrive(sm.bar_full + 8 * stage);
+  }
+}
+
+}  // namespace fm3::hopper::sm90

@@ -1,0 +1,125 @@
+// Backward WGMMA kernel (flash_bwd_wgmma.cuh): tile sizes, register budgets, the split of dQ between
+// the consumer warpgroups, the shared-memory layout (BwdWgTraits) and its addresses in one CTA
+// (BwdSmem).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fm3/mask.h"           // kBlockMaskSize
+#include "warp_primitives.cuh"  // smem_u32
+
+namespace fm3::hopper::sm90 {
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+struct BwdWgTraits {
+  static constexpr int kNumStages = kStages;
+  static constexpr int kConsumerWGs = kBlockN / 64;  // 64 keys per consumer warpgroup
+  static constexpr int kThreads = 128 * (1 + kConsumerWGs);
+  static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim
+  // FlashAttention-3/4 budgets (measured: BENCHMARKS.md, Hopper backward).
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 24;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "WGMMA backward: head dim 64 or 128");
+  static_assert(kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
+                "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per warpgroup)");
+  static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
+                "a tile must lie inside one block_mask block");
+  static_assert(kStages >= 2 && kStages <= 16, "stages");
+  static constexpr int kQSub = kBlockM / 64;  // 64-query sub-tiles of dS^T (128-byte rows)
+  // dQ = dS K, split between the warpgroups: along the queries when the tile has 64 per warpgroup,
+  // else along the head dim when each warpgroup has its own 64-column sub-tile, else along the keys.
+  // In the first two, each warpgroup's part is one 64 x 64 tile of the dQ workspace.
+  static constexpr bool kDqSplitM = kQSub == kConsumerWGs;
+  static constexpr bool kDqSplitD = !kDqSplitM && kDChunks == kConsumerWGs;
+  static constexpr bool kDqOwnPart = kDqSplitM || kDqSplitD;
+  static constexpr int kDqKeys = kDqOwnPart ? kBlockN : 64;
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
+                "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
+  // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
+  static constexpr int kKBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKBytes;
+  static constexpr int kOffQ = kOffV + kKBytes;
+  static constexpr int kOffdO = kOffQ + kStages * kQBytes;
+  static constexpr int kDsBuffers = 2;  // dS^T buffers (tile % 2)
+  static constexpr int kOffdS = kOffdO + kStages * kQBytes;
+  static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
+  // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
+  // 4-byte stores of a warp's 8 keys x 4 columns then fall in 32 different banks).
+  static constexpr int kEpiPitch = kHeadDim * 2 + 16;
+  static_assert(2 * kBlockN * kEpiPitch <= kOffLse - kOffQ, "dK / dV staging exceeds the Q / dO / dS ring");
+  static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
+  static constexpr int kOffEntry = kOffDelta + kStages * kBlockM * 4;  // 16 int
+  static constexpr int kOffHead = kOffEntry + 16 * 4;                    // 16 int
+  static constexpr int kOffList = kOffHead + 16 * 4;                     // 128 int
+  static constexpr int kOffWarpCounts = kOffList + 128 * 4;              // 4 int (+pad)
+  static constexpr int kOffDqOff = kOffWarpCounts + 16 * 4;               // int64: the dQ tile being written
+  static constexpr int kOffdQ = (kOffDqOff + 8 + 1023) / 1024 * 1024;   // dQ tile, fp32, 2 x 16 KB (writer mode)
+  static constexpr int kDqChunkFloats = 64 * 64;                         // one warpgroup's 64 x 64 part
+  // full[kStages], empty[kStages], kv, dq_full, dq_empty
+  static constexpr int kOffBar = kOffdQ + 2 * kDqChunkFloats * 4;
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3);
+  static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
+};
+
+// BwdWgTraits' shared-memory layout placed at the CTA's dynamic shared memory, rounded up to 1024 bytes.
+template <class Tr>
+struct BwdSmem {
+  unsigned char* base;                          // the 1024-aligned base (generic address)
+  uint32_t sK, sV;                              // K and V of the key block (shared-space addresses)
+  uint32_t sQ, sdO;                             // Q and dO stages
+  uint32_t sdS;                                 // dS^T buffers
+  uint32_t sLse, sDelta;                        // lse2 and delta stages
+  uint32_t sdQ;                                 // the dQ tile handed to the writer warp
+  const float* lse;                             // lse2 stages (generic)
+  const float* delta;                           // delta stages (generic)
+  volatile int* entry;                          // per stage: the tile's entry (index + partial tag), -1 ends
+  volatile int* head;                           // per stage: the tile's query head
+  int* list;                                    // the mask scheduler's compacted window
+  int* warp_counts;                             // the mask scheduler's per-warp counts
+  volatile int64_t* dq_off;                     // workspace offset of the dQ tile in sdQ, -1 ends
+  uint32_t bar_full, bar_empty, bar_kv;         // mbarriers: [kStages], [kStages], K/V
+  uint32_t bar_dq_full, bar_dq_empty;           // consumers <-> dQ writer warp
+
+  __device__ __forceinline__ explicit BwdSmem(unsigned char* smem_raw) {
+    const uint32_t raw_u32 = smem_u32(smem_raw);
+    const uint32_t base_u32 = (raw_u32 + 1023u) & ~1023u;
+    base = smem_raw + (base_u32 - raw_u32);
+    sK = base_u32 + Tr::kOffK;
+    sV = base_u32 + Tr::kOffV;
+    sQ = base_u32 + Tr::kOffQ;
+    sdO = base_u32 + Tr::kOffdO;
+    sdS = base_u32 + Tr::kOffdS;
+    sLse = base_u32 + Tr::kOffLse;
+    sDelta = base_u32 + Tr::kOffDelta;
+    lse = reinterpret_cast<const float*>(base + Tr::kOffLse);
+    delta = reinterpret_cast<const float*>(base + Tr::kOffDelta);
+    entry = reinterpret_cast<volatile int*>(base + Tr::kOffEntry);
+    head = reinterpret_cast<volatile int*>(base + Tr::kOffHead);
+    list = reinterpret_cast<int*>(base + Tr::kOffList);
+    warp_counts = reinterpret_cast<int*>(base + Tr::kOffWarpCounts);
+    bar_full = base_u32 + Tr::kOffBar;
+    bar_empty = bar_full + 8 * Tr::kNumStages;
+    bar_kv = bar_empty + 8 * Tr::kNumStages;
+    bar_dq_full = bar_kv + 8;
+    bar_dq_empty = bar_kv + 16;
+    sdQ = base_u32 + Tr::kOffdQ;
+    dq_off = reinterpret_cast<volatile int64_t*>(base + Tr::kOffDqOff);
+  }
+};
+
+// The CTA's key block and the sizes every role derives from the arguments.
+struct BwdBlock {
+  int nb, hk, b;        // key block, kv head, batch (blockIdx)
+  int n0;               // first key of the block
+  int group;            // query heads per kv head
+  int n_mtiles;         // query tiles
+  int n_kblocks;        // key blocks
+  int causal_offset;    // seqlen_k - seqlen_q
+};
+
+}  // namespace fm3::hopper::sm90
