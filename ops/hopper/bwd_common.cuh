@@ -17,7 +17,7 @@
 namespace fm3::hopper::bwd {
 
 // Offset (floats) of dQ element (query ql of a 64-row tile, column d) inside the tile's 64 x head_dim
-// block of the tile-blocked dQ workspace (written by the WGMMA kernel's dQ writer, flash_bwd_wgmma.cuh):
+// block of the tile-blocked dQ workspace (written by the WGMMA kernel's dQ writer, bwd/dq_writer.cuh):
 // 64-column parts of 4096 floats, each in WGMMA accumulator order (warp wq, register group j, lane,
 // element), so that a warp's float4 stores to shared memory cover 512 contiguous bytes (no bank
 // conflicts) and the bulk copy keeps that order.
