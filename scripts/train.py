@@ -369,12 +369,10 @@ class ByteLMRunner:
             dense_mask = paddle.to_tensor(masks.to_dense(sri.numpy(), causal, tokens.shape[1]))
         return self.model(tokens, positions, sri, causal, dense_mask=dense_mask)
 
-    def dense_mask_bytes(self, b: int, s: int) -> int:
-        return b * s * s  # bool [B, 1, S, S]
-
     @property
     def dense_name(self) -> str:
-        return "paddle.nn.functional.scaled_dot_product_attention, bool [B, 1, S, S] mask"
+        return ("paddle.nn.functional.scaled_dot_product_attention, bool [B, 1, S, S] mask "
+                "(converted by it to a float32 additive mask)")
 
 
 class LlamaRunner:
@@ -410,9 +408,6 @@ class LlamaRunner:
                               return_dict=True).logits
         finally:
             self.model.config._attn_implementation = "flashmask"
-
-    def dense_mask_bytes(self, b: int, s: int) -> int:
-        return 4 * b * s * s  # float32 [B, 1, S, S]
 
     @property
     def dense_name(self) -> str:
@@ -581,16 +576,22 @@ def load_checkpoint(run_dir: pathlib.Path, model, opt, args) -> int:
 
 
 def open_metrics(path: pathlib.Path, start_step: int):
-    """metrics.csv for appending, keeping the rows of steps <= start_step (a resumed run)."""
+    """metrics.csv for appending, keeping the rows of steps <= start_step (a resumed run).
+
+    Returns (file, csv.DictWriter, earlier losses): the losses of steps 1..start_step read back
+    from the kept rows, or None when the file lacks some of them (then only the resumed steps
+    can be summarised)."""
     kept = []
     if start_step and path.exists():
         with open(path, newline="") as fh:
             kept = [row for row in csv.DictReader(fh) if int(row["step"]) <= start_step]
+    complete = [int(row["step"]) for row in kept] == list(range(1, start_step + 1))
+    earlier = [float(row["loss"]) for row in kept] if complete else None
     fh = open(path, "w", newline="")
     writer = csv.DictWriter(fh, fieldnames=METRIC_FIELDS)
     writer.writeheader()
     writer.writerows(kept)
-    return fh, writer
+    return fh, writer, earlier
 
 
 def plot_metrics(metrics_csv: pathlib.Path, out_png: pathlib.Path, title: str) -> None:
@@ -649,6 +650,14 @@ def write_samples(path: pathlib.Path, runner, data: "Packed", row_ids, prompt_le
                      f"{bytes(c).decode('utf-8', 'replace')}\n")
 
 
+def dense_mask_bytes(b: int, s: int) -> int:
+    """Bytes of the dense mask Paddle's attention reads for b rows of s tokens: a float32 additive
+    [b, 1, s, s] mask (0 = visible, -inf = masked). PaddleFormers' eager attention builds it from
+    the row indices; Paddle's scaled_dot_product_attention converts the bool mask it is given into
+    it (paddle.where into the query's dtype, float32 here)."""
+    return 4 * b * s * s
+
+
 def dense_comparison(runner, batch_np, causal: bool, loss_fn) -> dict:
     """One training step's forward + backward with paddle_fm3 and with Paddle's dense-mask attention
     on the same batch and weights: time (after one untimed warm-up each), loss, gradient agreement,
@@ -670,14 +679,14 @@ def dense_comparison(runner, batch_np, causal: bool, loss_fn) -> dict:
     grad_err = max(float(np.abs(a - r).max()) / max(float(np.abs(r).max()), 1e-30)
                    for a, r in zip(grads["fm3"], grads["dense"]))
     sri_bytes = int(batch_np[3].nbytes)
-    dense_bytes = runner.dense_mask_bytes(b, s)
+    dense_bytes = dense_mask_bytes(b, s)
     result.update({
         "dense_attention": runner.dense_name,
         "batch": [b, s],
         "speedup": round(result["dense"]["step_s"] / result["fm3"]["step_s"], 3),
         "loss_rel_diff": abs(result["fm3"]["loss"] - result["dense"]["loss"]) / abs(result["dense"]["loss"]),
         "grad_max_rel_diff": grad_err,
-        "mask_bytes": {"startend_row_indices": sri_bytes, "dense": dense_bytes,
+        "mask_bytes": {"startend_row_indices": sri_bytes, "dense_float32": dense_bytes,
                        "ratio": round(dense_bytes / sri_bytes, 1)},
     })
     return result
@@ -822,16 +831,15 @@ def main(argv=None) -> int:
           f"packed into {n_rows} rows of {args.seq_len} ({data.segments_per_row:.2f} pieces/row; "
           f"{len(train_idx)} train, {n_eval} held out) in {time.perf_counter() - t0:.1f}s")
 
-    b, s, h = args.batch_size, args.seq_len, args.n_heads
+    b, s = args.batch_size, args.seq_len
     c = data.mask_cols
     sri_bytes = b * s * c * 4
-    dense_bool = b * h * s * s
+    dense_bytes = dense_mask_bytes(b, s)
     first_sri = data.rows(train_idx[:b])[3]
     print(f"mask: {args.mask} (causal={data.causal}, C={c}); per step startend_row_indices "
-          f"[{b}, 1, {s}, {c}] int32 = {human_bytes(sri_bytes)} vs dense "
-          f"[{b}, {h}, {s}, {s}] mask = {human_bytes(dense_bool)} bool / {human_bytes(4 * dense_bool)} fp32 "
-          f"({dense_bool / sri_bytes:,.0f}x / {4 * dense_bool / sri_bytes:,.0f}x smaller); density "
-          f"{masks.density(first_sri, data.causal):.3f}")
+          f"[{b}, 1, {s}, {c}] int32 = {human_bytes(sri_bytes)} vs the dense float32 additive "
+          f"[{b}, 1, {s}, {s}] mask Paddle's attention reads = {human_bytes(dense_bytes)} "
+          f"({dense_bytes / sri_bytes:,.0f}x smaller); density {masks.density(first_sri, data.causal):.3f}")
 
     runner = make_runner(args, args.seq_len)
     model = runner.model
@@ -857,9 +865,9 @@ def main(argv=None) -> int:
         tokens, labels, positions, sri = batch
         return loss_from_logits(runner.logits(tokens, positions, sri, data.causal), labels)
 
-    def evaluate():
+    def evaluate() -> Optional[float]:  # None without held-out rows
         if n_eval == 0:
-            return float("nan")
+            return None
         model.eval()
         with paddle.no_grad():
             vals = [float(loss_of(batch_of(eval_idx[i: i + b]))) for i in range(0, n_eval, b)]
@@ -901,7 +909,7 @@ def main(argv=None) -> int:
         check = "passed"
 
     eval_before = evaluate()
-    metrics_fh, metrics = open_metrics(run_dir / "metrics.csv", start_step)
+    metrics_fh, metrics, earlier_losses = open_metrics(run_dir / "metrics.csv", start_step)
     losses, step_times = [], []
     bar = tqdm(range(start_step, args.steps), desc="train", unit="step", disable=args.no_progress,
                dynamic_ncols=True)
@@ -935,21 +943,31 @@ def main(argv=None) -> int:
     save_checkpoint(run_dir, model, opt, args.steps, args)
     eval_after = evaluate()
 
-    k = max(1, min(10, len(losses) // 5))
-    first, last = float(np.mean(losses[:k])), float(np.mean(losses[-k:]))
+    # The loss summary covers the whole run from step 1 (a resumed run reads the earlier steps back
+    # from metrics.csv); only if that file lacks some of them does it cover just the steps run now.
+    loss_from_step = 1 if earlier_losses is not None else start_step + 1
+    run_losses = (earlier_losses or []) + losses
+    k = max(1, min(10, len(run_losses) // 5))
+    first, last = float(np.mean(run_losses[:k])), float(np.mean(run_losses[-k:]))
     steady = step_times[1:] if len(step_times) > 1 else step_times
     tok_s = b * s * len(steady) / sum(steady)
-    print(f"loss: first {k} steps {first:.4f} -> last {k} steps {last:.4f} "
+    partial = "" if loss_from_step == 1 else f" (steps {loss_from_step}-{args.steps}; metrics.csv lacks earlier steps)"
+    print(f"loss{partial}: first {k} steps {first:.4f} -> last {k} steps {last:.4f} "
           f"({'falling' if last < first else 'NOT falling'}; ln(256) = {math.log(256):.3f} is chance)")
     if n_eval:
-        print(f"held-out loss: {eval_before:.4f} before -> {eval_after:.4f} after ({n_eval} rows)")
-    print(f"throughput: {tok_s:,.0f} tokens/s (excluding the first step); {train_s:.1f}s training, "
+        print(f"held-out loss: {eval_before:.4f} at step {start_step} -> {eval_after:.4f} at step {args.steps} "
+              f"({n_eval} rows)")
+    else:
+        why = "--eval-rows 0" if args.eval_rows == 0 else f"{n_rows} rows of data, and at most a fifth are held out"
+        print(f"held-out loss: none (no held-out rows: {why})")
+    session = f"steps {start_step + 1}-{args.steps} run now, " if start_step else ""
+    print(f"throughput: {tok_s:,.0f} tokens/s ({session}excluding the first step); {train_s:.1f}s training, "
           f"{time.perf_counter() - t0:.1f}s total")
 
     cmp = dense_comparison(runner, batch_np(perm[:b]), data.causal, loss_from_logits)
     print(f"one step vs {cmp['dense_attention']}: {cmp['fm3']['step_s']:.3f}s vs {cmp['dense']['step_s']:.3f}s "
           f"({cmp['speedup']:.2f}x); mask {human_bytes(cmp['mask_bytes']['startend_row_indices'])} vs "
-          f"{human_bytes(cmp['mask_bytes']['dense'])}; loss rel diff {cmp['loss_rel_diff']:.1e}")
+          f"{human_bytes(cmp['mask_bytes']['dense_float32'])} float32; loss rel diff {cmp['loss_rel_diff']:.1e}")
     plot_metrics(run_dir / "metrics.csv", run_dir / "loss.png",
                  f"{runner.name} LM, {args.mask}, {b} x {s} tokens/step ({run_dir.name})")
     sample_rows = (eval_idx if n_eval else train_idx)[: args.samples]
@@ -962,17 +980,23 @@ def main(argv=None) -> int:
         "data": {"source": read.source, "documents": len(order), "skipped": read.skipped, "rows": n_rows,
                  "train_rows": len(train_idx), "held_out_rows": n_eval, "pieces_per_row": data.segments_per_row},
         "steps": {"start": start_step, "end": args.steps},
-        "loss": {"first": first, "last": last, "mean_of_steps": k},
-        "held_out_loss": {"before": eval_before if n_eval else None, "after": eval_after if n_eval else None},
+        "loss": {"first": first, "last": last, "mean_of_steps": k, "from_step": loss_from_step},
+        "held_out_loss": {"before": eval_before, "after": eval_after, "before_step": start_step},
         "tokens_per_s": tok_s, "train_s": train_s, "check": check,
         "dense_comparison": cmp,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"run folder {run_dir}: metrics.csv, loss.png, checkpoint/, "
           f"{'samples.txt, ' if args.samples else ''}summary.json")
-    print(f"SUMMARY mask={args.mask} steps={args.steps} loss_first={first:.4f} loss_last={last:.4f} "
-          f"eval={eval_before:.4f}->{eval_after:.4f} tokens_per_s={tok_s:.0f} train_s={train_s:.1f} "
-          f"mask_bytes={sri_bytes} dense_mask_bytes_bool={dense_bool} check={check}")
+    fields = [f"mask={args.mask}", f"steps={args.steps}", f"loss_first={first:.4f}", f"loss_last={last:.4f}"]
+    if loss_from_step > 1:
+        fields.append(f"loss_from_step={loss_from_step}")
+    fields.append(f"eval={eval_before:.4f}->{eval_after:.4f}" if n_eval else "eval=none")
+    if n_eval and start_step:
+        fields.append(f"eval_from_step={start_step}")
+    fields += [f"tokens_per_s={tok_s:.0f}", f"train_s={train_s:.1f}", f"mask_bytes={sri_bytes}",
+               f"dense_mask_bytes_float32={dense_bytes}", f"check={check}"]
+    print("SUMMARY " + " ".join(fields))
     return 0
 
 

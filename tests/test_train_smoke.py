@@ -49,10 +49,32 @@ def assert_run_folder(run_dir, steps):
     summary = json.loads((run_dir / "summary.json").read_text())
     cmp = summary["dense_comparison"]
     assert cmp["fm3"]["step_s"] > 0 and cmp["dense"]["step_s"] > 0
-    assert cmp["mask_bytes"]["dense"] > cmp["mask_bytes"]["startend_row_indices"] > 0
+    assert cmp["mask_bytes"]["dense_float32"] > cmp["mask_bytes"]["startend_row_indices"] > 0
     assert cmp["loss_rel_diff"] <= 1e-5 and cmp["grad_max_rel_diff"] <= 1e-5
     assert summary["steps"]["end"] == steps
     return rows, summary
+
+
+def summary_fields(out):
+    """The SUMMARY line's key=value fields."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("SUMMARY ")]
+    assert len(lines) == 1, out[-4000:]
+    return dict(f.split("=", 1) for f in lines[0].split()[1:])
+
+
+def assert_one_dense_mask_size(out, summary, b=2, s=128):
+    """The dense mask's size is one number everywhere: the float32 additive [B, 1, S, S] mask that
+    Paddle's attention reads (stdout once gave a bool [B, H, S, S] size, summary.json a bool
+    [B, 1, S, S] one)."""
+    dense = 4 * b * s * s
+    assert int(summary_fields(out)["dense_mask_bytes_float32"]) == dense
+    assert summary["dense_comparison"]["mask_bytes"]["dense_float32"] == dense
+    human = f"{dense / 1024:.1f} KiB"
+    mask_line = next(ln for ln in out.splitlines() if ln.startswith("mask: "))
+    assert f"[{b}, 1, {s}, {s}] mask Paddle's attention reads = {human} " in mask_line, mask_line
+    step_line = next(ln for ln in out.splitlines() if ln.startswith("one step vs "))
+    assert f" vs {human} float32;" in step_line, step_line
+    assert "bool" not in mask_line and "bool" not in summary["dense_comparison"]["mask_bytes"]
 
 
 @pytest.mark.parametrize("mask", ["causal-document", "share-question", "prefix-lm-document"])
@@ -61,7 +83,9 @@ def test_train_stdlib_check(mask, tmp_path):
     assert_healthy(out)
     assert "Python stdlib" in out
     assert "tokens/s" in out
-    assert_run_folder(tmp_path / "run", 3)
+    _, summary = assert_run_folder(tmp_path / "run", 3)
+    assert_one_dense_mask_size(out, summary)
+    assert re.search(r"held-out loss: \S+ at step 0 -> \S+ at step 3 \(4 rows\)", out), out[-4000:]
 
 
 def test_train_jsonl(tmp_path):
@@ -144,12 +168,22 @@ def metric_losses(run_dir):
         return {int(r["step"]): float(r["loss"]) for r in csv.DictReader(fh)}
 
 
+def assert_no_held_out_evaluation(out, summary, why):
+    """Without held-out rows the output says so (it once printed eval=nan->nan) and summary.json
+    holds nulls."""
+    assert not re.search(r"\bnan\b", out, re.I), out[-4000:]
+    assert f"held-out loss: none (no held-out rows: {why})" in out, out[-4000:]
+    assert summary_fields(out)["eval"] == "none"
+    assert summary["held_out_loss"]["before"] is None and summary["held_out_loss"]["after"] is None
+
+
 def test_resume_continues_the_run(tmp_path):
     """2 steps, then --resume to 4, gives the losses of an uninterrupted 4-step run (same data order,
-    weights, AdamW moments and LR schedule)."""
+    weights, AdamW moments and LR schedule), and the same loss summary: it covers the run from
+    step 1, not just the resumed steps."""
     quick = ["--samples", "0", "--eval-rows", "0", "--checkpoint-every", "0"]
     whole, split = tmp_path / "whole", tmp_path / "split"
-    run_train(whole, *quick, "--steps", "4")
+    out_whole = run_train(whole, *quick, "--steps", "4")
     run_train(split, *quick, "--steps", "2")
     assert sorted(metric_losses(split)) == [1, 2]
     out = run_train(split, *quick, "--steps", "4", "--resume")
@@ -158,7 +192,32 @@ def test_resume_continues_the_run(tmp_path):
     assert sorted(b) == [1, 2, 3, 4]
     np.testing.assert_allclose([b[k] for k in range(1, 5)], [a[k] for k in range(1, 5)], rtol=1e-5)
     summary = json.loads((split / "summary.json").read_text())
+    summary_whole = json.loads((whole / "summary.json").read_text())
     assert summary["steps"] == {"start": 2, "end": 4}
+    # 4 steps: first/last are single steps (mean_of_steps 1), so loss_first is step 1's loss
+    assert summary["loss"]["mean_of_steps"] == summary_whole["loss"]["mean_of_steps"] == 1
+    np.testing.assert_allclose(summary["loss"]["first"], a[1], rtol=1e-5)
+    assert summary["loss"]["from_step"] == summary_whole["loss"]["from_step"] == 1
+    np.testing.assert_allclose([summary["loss"]["first"], summary["loss"]["last"]],
+                               [summary_whole["loss"]["first"], summary_whole["loss"]["last"]], rtol=1e-5)
+    fields, fields_whole = summary_fields(out), summary_fields(out_whole)
+    assert "loss_from_step" not in fields
+    assert abs(float(fields["loss_first"]) - float(fields_whole["loss_first"])) <= 2e-4, (fields, fields_whole)
+    assert re.search(r"^loss: first 1 steps \S+ -> last 1 steps", out, re.M), out[-4000:]
+    assert "steps 3-4 run now" in out  # the throughput is this session's
+    for o, s in ((out, summary), (out_whole, summary_whole)):
+        assert_no_held_out_evaluation(o, s, "--eval-rows 0")
+
+
+def test_too_little_data_for_held_out_rows(tmp_path):
+    """4 packed rows: none can be held out (at most a fifth), so there is no held-out evaluation."""
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i}: " + "abc " * 30}) + "\n" for i in range(4)))
+    out = run_train(tmp_path / "run", "--data", str(path), "--steps", "1", "--samples", "0",
+                    "--checkpoint-every", "0")
+    assert "4 rows of 128 (" in out and "4 train, 0 held out" in out, out[-4000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert_no_held_out_evaluation(out, summary, "4 rows of data, and at most a fifth are held out")
 
 
 @pytest.mark.parametrize("extra,msg", [
@@ -195,6 +254,7 @@ def test_train_llama_through_the_integration(tmp_path):
     assert "CHECK PASSED: Llama through paddle_fm3 vs PaddleFormers eager attention" in out
     assert_healthy(out)
     _, summary = assert_run_folder(tmp_path / "run", 3)
+    assert_one_dense_mask_size(out, summary)
     assert summary["model"] == "llama" and "PaddleFormers eager" in summary["dense_comparison"]["dense_attention"]
 
 
