@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call comparing kernel builds side by side: builds the DLPack module once, then for each
+# round and each build swaps its libfm3_cuda.so in (the C ABI is the same) and runs the same
+# benchmark, so every build sees the same machine and the rounds show the run-to-run spread.
+# Optionally runs the GPU tests and compute-sanitizer on some builds first.
+#   BUILDS=".devbuild .vb1" [ROUNDS=2] [TEST_BUILDS=".vb1"] [TESTS="-q tests/gpu/test_flashmask_bwd_gpu.py"] \
+#   BENCH_ARGS="--bwd --total-tokens 32768 --seqlens 8192 --head-dims 128 --families full,causal --flex-backends none" \
+#   scripts/gpu_ab.sh
+# Each build folder holds a libfm3_cuda.so from scripts/gpu_build.sh (carry them, and
+# paddle_fm3/_config.py). Rows go to $OUT/<build>_r<round>.json.
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/.devout}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+read -r -a builds <<< "${BUILDS:?BUILDS: the build folders to compare}"
+use() { cp "$1/libfm3_cuda.so" paddle_fm3/kernels/libfm3_cuda.so; }
+scripts/build_dlpack_ext.sh "${builds[0]}" | tail -1
+for b in ${TEST_BUILDS:-}; do
+  use "$b"
+  echo "== tests $b"
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${TESTS:--q tests/gpu} -p no:cacheprovider 2>&1 | tail -2
+  for case in sanitize_case sanitize_bwd_case; do
+    for tool in memcheck racecheck; do
+      timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool $tool --error-exitcode 3 python3 tests/gpu/$case.py \
+        > "$OUT/${case}_${tool}_$(basename "$b").log" 2>&1
+      echo "compute-sanitizer $tool $case rc=$?"
+    done
+  done
+done
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for b in "${builds[@]}"; do
+    use "$b"
+    echo "== $b round $r"
+    name="$(basename "$b" | tr -d .)_r$r"
+    timeout "${BENCH_TIMEOUT:-200}" python3 scripts/bench_attention.py ${BENCH_ARGS:?BENCH_ARGS: bench_attention.py arguments} \
+      --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    grep "^| [0-9]" "$OUT/$name.log" || tail -5 "$OUT/$name.log"  # the rows, or why there are none
+  done
+done
