@@ -12,6 +12,7 @@
 
 #include "attn_args.h"  // BwdArgs
 #include "fm3/mask.h"
+#include "mask_scheduler.cuh"  // classify_block, no_mask_summary
 #include "warp_primitives.cuh"  // Mma<T>::pack
 
 namespace fm3::hopper::bwd {
@@ -28,22 +29,13 @@ __host__ __device__ __forceinline__ int dq_tile_offset(int ql, int d) {
   return part * 4096 + (wq * 8 + j) * 128 + (g * 4 + t) * 4 + 2 * r + c;
 }
 
-// Class of (query rows [m0, m0 + kBlockM), key columns [n0, n0 + kBlockN)),
-// clipped to the sequences; s: summary of the key block. A key block running
-// past seqlen_k is partial (its tail columns are masked per element).
+// Class of (query rows [m0, m0 + block_m) clipped to seqlen_q, key block [n0, n0 + block_n)): the
+// schedulers' rule (classify_block, mask_scheduler.cuh); s: summary of the key block.
 __device__ __forceinline__ TileClass classify_pair(const BlockSummary& s, const int32_t* bm, int bm_cols,
                                                    int m0, int block_m, int n0, int block_n, int seqlen_q,
                                                    int seqlen_k, bool causal, int causal_offset) {
-  const int m1 = min(m0 + block_m, seqlen_q), n1 = min(n0 + block_n, seqlen_k);
-  TileClass c = classify_tile(s, m0, m1, n0, n1, causal, causal_offset);
-  c = apply_block_mask(c, bm, bm_cols, m0, m1, n0, n1);
-  if (c == kUnmasked && n0 + block_n > seqlen_k) c = kPartial;
-  return c;
-}
-
-__device__ __forceinline__ BlockSummary no_mask_summary(int seqlen_q) {
-  // no startend_row_indices: the empty mask ([S_q, S_q) and [0, 0))
-  return BlockSummary{seqlen_q, seqlen_q, seqlen_q, seqlen_q, 0, 0, 0, 0};
+  return classify_block(s, bm, bm_cols, m0, min(m0 + block_m, seqlen_q), n0, min(n0 + block_n, seqlen_k), block_n,
+                        seqlen_k, causal, causal_offset);
 }
 
 __device__ __forceinline__ int mask_head(const BwdArgs& a, int h) {

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #include "attn_args.h"
-#include "bwd_common.cuh"  // classify_pair, mask_head, no_mask_summary
+#include "bwd_common.cuh"  // classify_pair, mask_head
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"  // compact_window
 #include "warp_primitives.cuh"

@@ -268,15 +268,11 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
   // Epilogue: normalize, stage O through this warp's rows of sQ, 16-byte stores.
   cp_async_wait<0>();
   __syncthreads();
-  constexpr float kLn2 = 0.6931471805599453f;
   float* lse = a.lse + (static_cast<int64_t>(b) * a.num_heads + h) * a.seqlen_q;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const bool empty = !(l > 0.f);
-    const float inv = empty ? 0.f : 1.f / l;
+    const RowEnd e(row_sum[r]);
+    const float inv = e.inv();
     const int row_local = warp_row + g + r * 8;
 #pragma unroll
     for (int d = 0; d < Tr::kOTiles; ++d) {
@@ -284,7 +280,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
       *reinterpret_cast<uint32_t*>(dst) = Mma<T>::pack(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
     }
     const int row = m0 + row_local;
-    if (t == 0 && row < a.seqlen_q) lse[row] = empty ? -CUDART_INF_F : (row_max[r] + __log2f(l)) * kLn2;
+    if (t == 0 && row < a.seqlen_q) lse[row] = e.lse(row_max[r]);
   }
   __syncwarp();
   T* og = static_cast<T*>(a.out) + b * a.o_bs + h * a.o_hs;

@@ -21,6 +21,24 @@ struct BlockEntry {
   static __device__ __forceinline__ bool partial(int e) { return e & 1; }
 };
 
+// The summary of the empty mask (no startend_row_indices): [S_q, S_q) and [0, 0).
+__device__ __forceinline__ BlockSummary no_mask_summary(int seqlen_q) {
+  return BlockSummary{seqlen_q, seqlen_q, seqlen_q, seqlen_q, 0, 0, 0, 0};
+}
+
+// Class of (query rows [m0, m1), key block [n0, n0 + block_n), n1 = min(n0 + block_n, seqlen_k))
+// from the block's summary s and the block_mask bm (or nullptr); a key block running past seqlen_k
+// is partial (its tail columns are masked per element). The forward's and the backward's schedulers
+// both decide with this.
+__device__ __forceinline__ TileClass classify_block(const BlockSummary& s, const int32_t* bm, int bm_cols, int m0,
+                                                    int m1, int n0, int n1, int block_n, int seqlen_k, bool causal,
+                                                    int causal_offset) {
+  TileClass c = classify_tile(s, m0, m1, n0, n1, causal, causal_offset);
+  c = apply_block_mask(c, bm, bm_cols, m0, m1, n0, n1);
+  if (c == kUnmasked && n0 + block_n > seqlen_k) c = kPartial;
+  return c;
+}
+
 // What the scheduler needs to know about one (batch, head, query tile).
 struct TileMask {
   const BlockSummary* summary;  // [n_blocks] of this (batch, mask head); nullptr = no mask
@@ -30,20 +48,35 @@ struct TileMask {
   bool causal;
   int m0, m1;
 
-  // The class of key block nb for rows [m0, m1); the last block, which runs
-  // past seqlen_k, is always partial (its tail columns are masked per element).
+  // The key blocks of rows [m0, m1) of (batch, mask head) bhm, blocks of block_n keys.
+  template <class Args>
+  static __device__ __forceinline__ TileMask of(const Args& a, int64_t bhm, int m0, int m1, int block_n,
+                                                int n_blocks, int causal_offset) {
+    TileMask tm;
+    tm.summary = a.summary ? a.summary + bhm * n_blocks : nullptr;
+    tm.block_mask = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+    tm.bm_cols = a.bm_cols;
+    tm.seqlen_q = a.seqlen_q;
+    tm.seqlen_k = a.seqlen_k;
+    tm.block_n = block_n;
+    tm.n_blocks = n_blocks;
+    tm.causal_offset = causal_offset;
+    tm.causal = a.causal;
+    tm.m0 = m0;
+    tm.m1 = m1;
+    return tm;
+  }
+
+  // The class of key block nb for rows [m0, m1).
   __device__ __forceinline__ TileClass classify(int nb) const {
     const int n0 = nb * block_n, n1 = min(n0 + block_n, seqlen_k);
     BlockSummary s;
     if (summary != nullptr) {
       s = summary[nb];
-    } else {  // no startend_row_indices: an empty mask ([S_q, S_q) and [0, 0))
-      s = BlockSummary{seqlen_q, seqlen_q, seqlen_q, seqlen_q, 0, 0, 0, 0};
+    } else {
+      s = no_mask_summary(seqlen_q);
     }
-    TileClass c = classify_tile(s, m0, m1, n0, n1, causal, causal_offset);
-    c = apply_block_mask(c, block_mask, bm_cols, m0, m1, n0, n1);
-    if (c == kUnmasked && n0 + block_n > seqlen_k) c = kPartial;
-    return c;
+    return classify_block(s, block_mask, bm_cols, m0, m1, n0, n1, block_n, seqlen_k, causal, causal_offset);
   }
 };
 

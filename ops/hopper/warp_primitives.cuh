@@ -1,6 +1,6 @@
 // Warp-level PTX primitives shared by the mma.sync and WGMMA kernels: shared-memory
 // addresses, cp.async copies, ldmatrix, mma.sync m16n8k16 with fp32 accumulators, bf16/fp16
-// packing, exp2. Fragment layouts are PTX's
+// packing, exp2, the end of a forward row. Fragment layouts are PTX's
 // ("Matrix Fragments for mma.m16n8k16"): with g = lane / 4, t = lane % 4,
 //   A 16x16: a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t), a[2] = (g, 2t+8), a[3] = (g+8, 2t+8)
 //   B 16x8 : b[0] = (k 2t..2t+1, n g), b[1] = (k 2t+8.., n g)
@@ -8,6 +8,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <math_constants.h>
 #include <stdint.h>
 
 namespace fm3::hopper {
@@ -81,5 +82,23 @@ __device__ __forceinline__ float fast_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+
+// The forward's end of a query row: l, the row's sum (this thread's share plus its quad's, the other
+// three threads holding the row), gives 1 / l for O and lse = (row maximum in log2 units + log2 l)
+// * ln 2. A row that saw no key (l = 0) gets 0 and lse -inf: a fully masked row is 0, never NaN.
+struct RowEnd {
+  float l;
+  bool empty;
+  __device__ __forceinline__ explicit RowEnd(float row_sum_share) {
+    l = row_sum_share;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    empty = !(l > 0.f);
+  }
+  __device__ __forceinline__ float inv() const { return empty ? 0.f : 1.f / l; }
+  __device__ __forceinline__ float lse(float row_max_log2) const {
+    return empty ? -CUDART_INF_F : (row_max_log2 + __log2f(l)) * 0.6931471805599453f;
+  }
+};
 
 }  // namespace fm3::hopper

@@ -13,7 +13,7 @@
 
 #include "attn_args.h"     // BwdArgs
 #include "bwd/traits.cuh"
-#include "bwd_common.cuh"  // classify_pair, no_mask_summary, mask_head
+#include "bwd_common.cuh"  // classify_pair, mask_head
 #include "fm3/mask.h"      // BlockEntry
 #include "mask_scheduler.cuh"
 #include "sm90_primitives.cuh"
@@ -43,7 +43,7 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + bwd::mask_head(a, h);
     const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
-    const BlockSummary summ = a.summary ? a.summary[bhm * n_kblocks + nb] : bwd::no_mask_summary(a.seqlen_q);
+    const BlockSummary summ = a.summary ? a.summary[bhm * n_kblocks + nb] : no_mask_summary(a.seqlen_q);
     const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
     const float* lse2 = a.lse2 + bh * a.lse_stride;
     const float* delta = a.delta + bh * a.lse_stride;

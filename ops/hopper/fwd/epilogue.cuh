@@ -16,23 +16,19 @@ template <typename T, int kHeadDim>
 __device__ __forceinline__ void fwd_epilogue(const FwdArgs& a, const FwdTile& x, const float (&o)[kHeadDim / 2],
                                              const float (&row_max)[2], const float (&row_sum)[2], int row_base,
                                              int t) {
-  constexpr float kLn2 = 0.6931471805599453f;
   float* lse = a.lse + (static_cast<int64_t>(x.b) * a.num_heads + x.h) * a.seqlen_q;
   T* og = static_cast<T*>(a.out) + x.b * a.o_bs + x.h * a.o_hs;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const bool empty = !(l > 0.f);
-    const float inv = empty ? 0.f : 1.f / l;
+    const RowEnd e(row_sum[r]);
+    const float inv = e.inv();
     const int row = x.m0 + row_base + r * 8;
     if (row < a.seqlen_q) {
       T* dst = og + static_cast<int64_t>(row) * a.o_rs + 2 * t;
 #pragma unroll
       for (int d = 0; d < kHeadDim / 8; ++d)
         *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[d * 4 + 2 * r] * inv, o[d * 4 + 2 * r + 1] * inv);
-      if (t == 0) lse[row] = empty ? -CUDART_INF_F : (row_max[r] + __log2f(l)) * kLn2;
+      if (t == 0) lse[row] = e.lse(row_max[r]);
     }
   }
 }

@@ -39,18 +39,7 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
   post_tile_boundary(sm, ring, tid, tile);
   for (int k = 0; tile < a.num_tiles; ++k) {
     const FwdTile x = sched.tile_at(a, tile);
-    TileMask tm;
-    tm.summary = a.summary ? a.summary + x.bhm * n_blocks : nullptr;
-    tm.block_mask = a.block_mask ? a.block_mask + x.bhm * a.bm_rows * a.bm_cols : nullptr;
-    tm.bm_cols = a.bm_cols;
-    tm.seqlen_q = a.seqlen_q;
-    tm.seqlen_k = a.seqlen_k;
-    tm.block_n = kBlockN;
-    tm.n_blocks = n_blocks;
-    tm.causal_offset = causal_offset;
-    tm.causal = a.causal;
-    tm.m0 = x.m0;
-    tm.m1 = x.m1;
+    const TileMask tm = TileMask::of(a, x.bhm, x.m0, x.m1, kBlockN, n_blocks, causal_offset);
     const int32_t* sri = a.sri ? a.sri + x.bhm * a.seqlen_k * a.mask_cols : nullptr;
     int next = 0;
     if (tid == 0) {
