@@ -67,6 +67,17 @@ def test_head_dim_only_the_mma_sync_kernels_serve_is_stated():
     assert "X(192, 128, 64, 2, 2, 0)" in gen_ops.gen_config_header(cfg)
 
 
+def test_backward_query_tile_of_128_is_the_wgmma_kernel_at_head_dim_64_only():
+    # The WGMMA backward takes 128-query tiles at head dim 64 (two 64-query sub-tiles of dS^T); at
+    # head dim 128 its accumulators would not fit, and the mma.sync kernels take 64-row tiles only.
+    cfg = copy.deepcopy(CFG)
+    cfg["sm90_bwd"] = [bwd(64, bm=128, bn=128) if c["head_dim"] == 64 else c for c in cfg["sm90_bwd"]]
+    assert gen_ops.check_kernel_configs(cfg)["sm90_bwd"][0]["kernel"] == "wgmma"
+    cfg["sm90_bwd"] = [bwd(128, bm=128, bn=128) if c["head_dim"] == 128 else c for c in cfg["sm90_bwd"]]
+    with pytest.raises(gen_ops.ConfigError, match="sm90_bwd head_dim 128: block_m must be 64"):
+        gen_ops.check_kernel_configs(cfg)
+
+
 def test_every_forward_head_dim_needs_a_backward():
     with pytest.raises(gen_ops.ConfigError, match="sm90 head_dim 192 has no sm90_bwd config"):
         gen_ops.check_kernel_configs(with_head_dim(fwd(192), None))
