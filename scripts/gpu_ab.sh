@@ -2,7 +2,8 @@
 # One device call comparing kernel builds side by side: builds the DLPack module once, then for each
 # round and each build swaps its libfm3_cuda.so in (the C ABI is the same) and runs the same
 # benchmark, so every build sees the same machine and the rounds show the run-to-run spread.
-# Optionally runs the GPU tests and compute-sanitizer on some builds first.
+# Optionally runs the GPU tests and compute-sanitizer on some builds first (scripts/gpu_run.sh; TESTS,
+# SANITIZE and its timeouts as there).
 #   BUILDS=".devbuild .vb1" [ROUNDS=2] [TEST_BUILDS=".vb1"] [TESTS="-q tests/gpu/test_flashmask_bwd_gpu.py"] \
 #   BENCH_ARGS="--bwd --total-tokens 32768 --seqlens 8192 --head-dims 128 --families full,causal --flex-backends none" \
 #   scripts/gpu_ab.sh
@@ -16,19 +17,11 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 read -r -a builds <<< "${BUILDS:?BUILDS: the build folders to compare}"
 use() { cp "$1/libfm3_cuda.so" paddle_fm3/kernels/libfm3_cuda.so; }
-scripts/build_dlpack_ext.sh "${builds[0]}" | tail -1
-for b in ${TEST_BUILDS:-}; do
-  use "$b"
+for b in ${TEST_BUILDS:-}; do  # GPU tests and compute-sanitizer: scripts/gpu_run.sh on that build
   echo "== tests $b"
-  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${TESTS:--q tests/gpu} -p no:cacheprovider 2>&1 | tail -2
-  for case in sanitize_case sanitize_bwd_case; do
-    for tool in memcheck racecheck; do
-      timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool $tool --error-exitcode 3 python3 tests/gpu/$case.py \
-        > "$OUT/${case}_${tool}_$(basename "$b").log" 2>&1
-      echo "compute-sanitizer $tool $case rc=$?"
-    done
-  done
+  LIB_DIR="$b" OUT="$OUT/tests_$(basename "$b" | tr -d .)" BENCH= BENCH_BWD= scripts/gpu_run.sh
 done
+scripts/build_dlpack_ext.sh "${builds[0]}" | tail -1
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for b in "${builds[@]}"; do
     use "$b"
