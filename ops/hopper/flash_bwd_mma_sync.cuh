@@ -324,12 +324,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
         const int entry = sList[i], stage = i & 1;
         const int m0 = BlockEntry::block(entry) * kBlockM;
         const bool partial = BlockEntry::partial(entry);
-        if (i + 1 < count) {
-          load_q(sList[i + 1], stage ^ 1);
-          cp_async_wait<1>();
-        } else {
-          cp_async_wait<0>();
-        }
+        load_next_wait_current(sList, i, count, stage, load_q);
         __syncthreads();
         const T* sQs = sQ + stage * Tr::kQElems;
         const T* sdOs = sdO + stage * Tr::kQElems;
@@ -452,12 +447,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
       const int n0 = BlockEntry::block(entry) * kBlockN;
       const bool partial = BlockEntry::partial(entry);
       if (partial) stage_columns<kBlockN, kThreads>(sCB, sri, n0, a, causal_offset);
-      if (i + 1 < count) {
-        load_kv(sList[i + 1], stage ^ 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+      load_next_wait_current(sList, i, count, stage, load_kv);
       __syncthreads();
       const T* sKs = sK + stage * Tr::kKElems;
       const T* sVs = sV + stage * Tr::kKElems;

@@ -154,12 +154,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
       const int entry = sList[i], stage = i & 1;
       const int n0 = BlockEntry::block(entry) * kBlockN;
       const bool partial = BlockEntry::partial(entry);
-      if (i + 1 < count) {
-        load_kv(sList[i + 1], stage ^ 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
+      load_next_wait_current(sList, i, count, stage, load_kv);
       __syncthreads();
       if constexpr (Tr::kQInRegs) {
         if (!q_ready) {

@@ -77,6 +77,20 @@ struct Mma<__half> {
   }
 };
 
+// The double-buffered walk of the mma.sync kernels over a compacted list (one cp.async group per
+// entry, committed by load(entry, stage)): start loading entry i + 1 into the other stage, then
+// wait for entry i's loads.
+template <class Load>
+__device__ __forceinline__ void load_next_wait_current(const int* list, int i, int count, int stage,
+                                                       const Load& load) {
+  if (i + 1 < count) {
+    load(list[i + 1], stage ^ 1);
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
