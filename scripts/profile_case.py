@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--deterministic", action="store_true", help="ours: the backward's deterministic dQ")
     args = ap.parse_args()
     import torch
     ba.torch = torch
@@ -37,7 +38,8 @@ def main():
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         ba.kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
         if args.bwd:
-            call = lambda: ba.kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal)  # noqa: E731
+            call = lambda: ba.kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal,  # noqa: E731
+                                                    deterministic=args.deterministic)
         else:
             call = lambda: ba.kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)  # noqa: E731
     else:
