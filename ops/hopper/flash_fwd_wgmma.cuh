@@ -51,6 +51,8 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
     for (int s = 0; s < kStages; ++s) {
       mbar_init(sm.bar_full + 8 * s, Tr::kProducerThreads);       // every producer thread
       mbar_init(sm.bar_empty + 8 * s, Tr::kConsumerWarps * 32);  // every consumer thread
+      mbar_init(sm.bar_v_full + 8 * s, 1);                        // producer thread 0 (+ transaction bytes)
+      mbar_init(sm.bar_v_empty + 8 * s, Tr::kConsumerWarps * 32);
     }
     for (int qb = 0; qb < 2; ++qb) {
       mbar_init(sm.bar_q + 8 * qb, 1);
