@@ -11,7 +11,9 @@
 // Measured before (H200, D=128, S=32K; BENCHMARKS.md): an earlier pipelined loop ran at 306 (one
 // K+V barrier per stage) and 460 TFLOP/s (separate barriers) against 536-552 for the plain loop;
 // ptxas serialized its wgmma (C7514) because a product issued under a condition was waited for
-// under another. Here the first block is peeled so every product is waited for in its iteration.
+// under another. Here the first block is peeled so every product is waited for in its iteration;
+// and ptxas, left alone, sinks the softmax's exp2 below the product's wait (SASS: MUFU after
+// WARPGROUP.DEPBAR), so the next entry is awaited between them.
 #pragma once
 #include <math_constants.h>
 #include <stdint.h>
@@ -156,20 +158,19 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
     int entry;
     if (next_block(entry)) {
       uint32_t p[kBlockN / 16][4];  // P_{i-1}, the register A operand of the pending product
-      {
-        float s[kS];
-        gmma_fence();
-        issue_qk(s, ring.stage);
-        gmma_wait<0>();
-        fence_regs(s);
-        float alpha[2];
-        softmax(s, entry, ring.stage, alpha);  // O is still 0: no rescale
-        mbar_arrive(sm.bar_empty + 8 * ring.stage);  // K and the visibility bits of this block are read
-        ring.advance();
-        pack_p(s, p);
-      }
-      while (next_block(entry)) {
-        float s[kS];
+      float s[kS];
+      float alpha[2];
+      gmma_fence();
+      issue_qk(s, ring.stage);
+      gmma_wait<0>();
+      fence_regs(s);
+      softmax(s, entry, ring.stage, alpha);
+      mbar_arrive(sm.bar_empty + 8 * ring.stage);  // K and the visibility bits of this block are read
+      ring.advance();
+      bool more = next_block(entry);
+      rescale_o(alpha);  // O is still 0
+      pack_p(s, p);
+      while (more) {
         mbar_wait(sm.bar_v_full + 8 * vring.stage, vring.phase);  // V_{i-1}: loaded a block ago
         fence_regs(o);
         fence_regs(p);
@@ -178,10 +179,13 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
         issue_pv(p, vring.stage);
         gmma_wait<1>();  // S_i done, P_{i-1} V_{i-1} may still run
         fence_regs(s);
-        float alpha[2];
         softmax(s, entry, ring.stage, alpha);
+        fence_regs(s);
         mbar_arrive(sm.bar_empty + 8 * ring.stage);
         ring.advance();
+        // The next entry is awaited before the product's wait: besides overlapping the two waits,
+        // the control flow between them keeps ptxas from sinking the softmax below the wait.
+        more = next_block(entry);
         gmma_wait<0>();
         fence_regs(o);
         fence_regs(p);
