@@ -47,9 +47,16 @@ __device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSm
       fence_proxy_async_global();  // the reductions below come after the predecessor's
     }
 #pragma unroll
-    for (int part = 0; part < Tr::kConsumerWGs; ++part)
+    for (int part = 0; part < Tr::kConsumerWGs; ++part) {
       bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqChunkFloats : 0),
                           sm.sdQ + part * Tr::kDqChunkFloats * 4, Tr::kDqChunkFloats * 4);
+      if constexpr (!Tr::kDqOwnPart) {  // both parts add to the same elements: in order when deterministic
+        if (sem != nullptr && part + 1 < Tr::kConsumerWGs) {
+          bulk_commit();
+          bulk_wait<0>();
+        }
+      }
+    }
     bulk_commit();
     if (sem != nullptr) {
       bulk_wait<0>();              // the reductions have landed in global memory
