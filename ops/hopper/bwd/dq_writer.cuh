@@ -13,7 +13,7 @@
 
 #include "attn_args.h"  // BwdArgs
 #include "bwd/traits.cuh"
-#include "bwd_common.cuh"  // classify_pair, mask_head, no_mask_summary
+#include "bwd_common.cuh"  // classify_pair, mask_head, no_mask_summary (mask_scheduler.cuh)
 #include "sm90_primitives.cuh"
 
 namespace fm3::hopper::sm90 {
@@ -37,7 +37,7 @@ __device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSm
       int prev = blk.nb - 1;
       for (; prev >= 0; --prev) {
         const BlockSummary summ =
-            a.summary ? a.summary[bhm * blk.n_kblocks + prev] : bwd::no_mask_summary(a.seqlen_q);
+            a.summary ? a.summary[bhm * blk.n_kblocks + prev] : no_mask_summary(a.seqlen_q);
         if (bwd::classify_pair(summ, bm, a.bm_cols, m0, Tr::kTileM, prev * Tr::kTileN, Tr::kTileN, a.seqlen_q,
                                a.seqlen_k, a.causal, blk.causal_offset) != kFullyMasked)
           break;
