@@ -1,7 +1,7 @@
 // Host side of the Hopper backward: validates fm3_bwd_params, allocates the
 // stream-ordered workspace (lse2, delta, block summary at the backward's
 // block_n via fm3_cuda_block_summary, fp32 dQ accumulator), runs preprocess -> block summary -> main
-// kernel -> dQ conversion (or the row-parallel dQ pass when deterministic),
+// kernel -> dQ conversion (the mma.sync fallback: the row-parallel dQ pass when deterministic),
 // with the tile config generated from yaml/kernel_configs.yaml
 // (FM3_SM90_BWD_CONFIGS). C ABI: fm3_cuda_bwd (fm3_cuda.h).
 #include <cuda_bf16.h>
@@ -85,15 +85,16 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
                        args.o_bs, BM))
     return -1;
   using Tr = sm90::BwdWgTraits<T, D, BM, BN, ST>;
-  auto kernel = deterministic ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, false>
-                              : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
+  // Deterministic mode too writes dQ from this kernel, the parts of a tile added in key-block order
+  // (args.dq_semaphore, set by fm3_cuda_bwd).
+  auto kernel = sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
                                                                                                   mdo);
   FM3_CUDA_CHECK(cudaGetLastError());
-  return launch_dq<T, D, kMmaSyncBlockM, BN>(args, deterministic, true, stream, err, err_len);
+  return launch_dq<T, D, kMmaSyncBlockM, BN>(args, /*deterministic=*/false, true, stream, err, err_len);
 }
 
 template <typename T>
@@ -158,23 +159,29 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.scale = p->softmax_scale;
   const int mask_heads = a.mask_heads;
 
-  // Workspace: [dq_accum][lse2][delta][summary], each 256-byte aligned. dq_accum has lse_stride rows per
-  // (batch, head): whole 64-row tiles for the tile-blocked layout.
+  // Workspace: [dq_accum][lse2][delta][summary][dq_semaphore], each 256-byte aligned. dq_accum has
+  // lse_stride rows per (batch, head): whole 64-row tiles for the tile-blocked layout; the WGMMA
+  // kernel writes it in both modes (in key-block order when deterministic: dq_semaphore, one int
+  // per 64 rows, enough for any block_m).
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride;
-  const size_t accum_bytes = deterministic ? 0 : round_up(rows * p->head_dim * sizeof(float));
+  const size_t accum_bytes = round_up(rows * p->head_dim * sizeof(float));
   const size_t row_bytes = round_up(static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride * sizeof(float));
   const size_t summary_bytes =
       p->startend_row_indices ? round_up(sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * mask_heads * n_kblocks) : 0;
+  const size_t sem_bytes = deterministic ? round_up(rows / 64 * sizeof(int32_t)) : 0;
   char* ws = nullptr;
-  FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), accum_bytes + 2 * row_bytes + summary_bytes + 256, stream));
-  a.dq_accum = deterministic ? nullptr : reinterpret_cast<float*>(ws);
+  FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), accum_bytes + 2 * row_bytes + summary_bytes + sem_bytes + 256,
+                                 stream));
+  a.dq_accum = reinterpret_cast<float*>(ws);
   a.lse2 = reinterpret_cast<float*>(ws + accum_bytes);
   a.delta = reinterpret_cast<float*>(ws + accum_bytes + row_bytes);
   a.summary = p->startend_row_indices ? reinterpret_cast<fm3::BlockSummary*>(ws + accum_bytes + 2 * row_bytes) : nullptr;
+  a.dq_semaphore = deterministic ? reinterpret_cast<int32_t*>(ws + accum_bytes + 2 * row_bytes + summary_bytes) : nullptr;
 
   int rc = 0;
   cudaError_t e = cudaSuccess;
-  if (!deterministic) e = cudaMemsetAsync(a.dq_accum, 0, rows * p->head_dim * sizeof(float), stream);
+  e = cudaMemsetAsync(a.dq_accum, 0, rows * p->head_dim * sizeof(float), stream);
+  if (e == cudaSuccess && deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, sem_bytes, stream);
   if (e == cudaSuccess && p->startend_row_indices != nullptr)
     rc = fm3_cuda_block_summary(p->startend_row_indices, p->batch, mask_heads, p->seqlen_q, p->seqlen_k,
                                 p->mask_cols, p->causal, block_n,

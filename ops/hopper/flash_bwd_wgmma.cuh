@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   if (wg == 0) {
     reg_dealloc<Tr::kProducerRegs>();
     if constexpr (kWriteDq) {
-      if (warp == 1 && lane == 0) bwd_dq_writer(a, sm);
+      if (warp == 1 && lane == 0) bwd_dq_writer(a, sm, blk);
     }
     if (warp != 0) return;  // warp 0 schedules and loads; warps 2-3 (and 1 unless writing dQ) have no work
     bwd_producer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, &tmap_q, &tmap_k, &tmap_v, &tmap_do, blk, lane);
