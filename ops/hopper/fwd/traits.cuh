@@ -9,7 +9,7 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kOverlap>
 struct WgTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kConsumerWGs = kBlockM / 64;
@@ -47,8 +47,9 @@ struct WgTraits {
   static constexpr int kOffList = kOffEntry + 16 * 4;                          // kProducerThreads int
   static constexpr int kOffWarpCounts = kOffList + kProducerThreads * 4;       // 4 int (+pad)
   static constexpr int kOffTile = kOffWarpCounts + 16 * 4;  // 2 int: next tile, by tile parity
-  // full[kStages], empty[kStages] (entry, visibility bits, K), q[2], q_empty[2],
-  // v_full[kStages], v_empty[kStages] (V: held until its product completes, a block after K)
+  // full[kStages], empty[kStages] (entry, visibility bits, K; and V unless kOverlap), q[2],
+  // q_empty[2], v_full[kStages], v_empty[kStages] (kOverlap: V, held until its product completes,
+  // a block after K; fwd/mainloop.cuh)
   static constexpr int kOffBar = kOffTile + 16;
   static constexpr int kEnd = kOffBar + 8 * (4 * kStages + 4);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
