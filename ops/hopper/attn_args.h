@@ -48,6 +48,7 @@ struct BwdArgs : AttnArgs {
   // added its dQ part, + 1 (0: none yet); each writer waits for its predecessor, so the fp32 sums
   // are formed in key-block order. nullptr: parts are added in any order.
   int32_t* dq_semaphore;   // [batch, num_heads, lse_stride / block_m], zeroed
+  int32_t* dq_chain_start; // [batch, mask_heads, n_mtiles]: first key block adding to the tile (bwd/dq_writer.cuh)
   int lse_stride;          // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
   float scale;             // softmax_scale
 };
