@@ -210,12 +210,15 @@ class ConfigError(ValueError):
     """A kernel config that no kernel serves correctly."""
 
 
-def _ints(section: str, c: dict, keys: tuple[str, ...]) -> dict:
-    if not isinstance(c, dict) or set(c) != set(keys):
-        raise ConfigError(f"{section}: every entry needs exactly the keys {list(keys)}, got {c!r}")
+def _ints(section: str, c: dict, keys: tuple[str, ...], flags: tuple[str, ...] = ()) -> dict:
+    if not isinstance(c, dict) or set(c) != set(keys) | set(flags):
+        raise ConfigError(f"{section}: every entry needs exactly the keys {list(keys) + list(flags)}, got {c!r}")
     for k in keys:
         if isinstance(c[k], bool) or not isinstance(c[k], int) or c[k] < 1:
             raise ConfigError(f"{section} head_dim {c.get('head_dim')}: {k} must be a positive integer, got {c[k]!r}")
+    for k in flags:
+        if not isinstance(c[k], bool):
+            raise ConfigError(f"{section} head_dim {c.get('head_dim')}: {k} must be true or false, got {c[k]!r}")
     return dict(c)
 
 
@@ -291,7 +294,7 @@ def check_kernel_configs(cfg: dict) -> dict:
     if not isinstance(cfg, dict) or not isinstance(cfg.get("cpu"), dict):
         raise ConfigError("kernel_configs.yaml needs a 'cpu' section")
     cpu = _ints("cpu", cfg["cpu"], ("block_m", "block_n", "max_head_dim"))
-    fwd = [_ints("sm90", c, ("head_dim", "block_m", "block_n", "stages", "consumer_warpgroups"))
+    fwd = [_ints("sm90", c, ("head_dim", "block_m", "block_n", "stages", "consumer_warpgroups"), ("intra_wg_overlap",))
            for c in cfg.get("sm90") or []]
     bwd = [_ints("sm90_bwd", c, ("head_dim", "block_m", "block_n", "stages")) for c in cfg.get("sm90_bwd") or []]
     for section, entries, check, kernel in (("sm90", fwd, check_fwd_mma_sync, fwd_kernel),
@@ -325,14 +328,14 @@ def gen_config_header(cfg: dict) -> str:
              f"constexpr int kCpuBlockN = {int(cpu['block_n'])};",
              f"constexpr int kCpuMaxHeadDim = {int(cpu['max_head_dim'])};", "",
              "// Hopper forward tile configs: FM3_SM90_CONFIGS(X) calls",
-             "// X(head_dim, block_m, block_n, stages, consumer_warpgroups, wgmma) per entry; wgmma = 1: the",
-             "// WGMMA kernel serves it (the mma.sync kernel then serves layouts TMA cannot describe), 0: the",
-             "// mma.sync kernel alone.",
+             "// X(head_dim, block_m, block_n, stages, consumer_warpgroups, intra_wg_overlap, wgmma) per entry;",
+             "// wgmma = 1: the WGMMA kernel serves it (the mma.sync kernel then serves layouts TMA cannot",
+             "// describe), 0: the mma.sync kernel alone.",
              *[f"//   head_dim {c['head_dim']}: {c['kernel']}" for c in cfg["sm90"]],
              "#define FM3_SM90_CONFIGS(X) \\"]
     for c in cfg["sm90"]:
         lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}, {c['consumer_warpgroups']}, "
-                     f"{int(c['kernel'] == WGMMA)}) \\")
+                     f"{str(c['intra_wg_overlap']).lower()}, {int(c['kernel'] == WGMMA)}) \\")
     lines += ["", "// Hopper backward tile configs: FM3_SM90_BWD_CONFIGS(X) calls",
               "// X(head_dim, block_m, block_n, stages, wgmma) per entry (wgmma as above).",
               *[f"//   head_dim {c['head_dim']}: {c['kernel']}" for c in cfg["sm90_bwd"]],

@@ -24,8 +24,9 @@ def with_head_dim(fwd=None, bwd=None):
     return cfg
 
 
-def fwd(hd, bm=128, bn=64, st=2, wg=2):
-    return {"head_dim": hd, "block_m": bm, "block_n": bn, "stages": st, "consumer_warpgroups": wg}
+def fwd(hd, bm=128, bn=64, st=2, wg=2, overlap=False):
+    return {"head_dim": hd, "block_m": bm, "block_n": bn, "stages": st, "consumer_warpgroups": wg,
+            "intra_wg_overlap": overlap}
 
 
 def bwd(hd, bm=64, bn=64, st=2):
@@ -37,7 +38,7 @@ def test_shipped_configs_state_their_kernel():
     assert {c["head_dim"]: c["kernel"] for c in cfg["sm90"]} == {64: "wgmma", 128: "wgmma", 256: "wgmma"}
     assert {c["head_dim"]: c["kernel"] for c in cfg["sm90_bwd"]} == {64: "wgmma", 128: "wgmma", 256: "mma_sync"}
     header = gen_ops.gen_config_header(cfg)
-    assert "X(64, 128, 128, 2, 2, 1)" in header and "X(256, 64, 64, 2, 0)" in header
+    assert "X(64, 128, 128, 2, 2, false, 1)" in header and "X(128, 128, 128, 2, 2, true, 1)" in header and "X(256, 64, 64, 2, 0)" in header
     assert "//   head_dim 256: mma_sync" in header
     ns = {}
     exec(gen_ops.gen_py_config(cfg), ns)  # noqa: S102 - our own generated module
@@ -64,7 +65,7 @@ def test_head_dim_only_the_mma_sync_kernels_serve_is_stated():
     cfg = gen_ops.check_kernel_configs(with_head_dim(fwd(192), bwd(192)))
     assert cfg["sm90"][-1]["kernel"] == "mma_sync" and cfg["sm90_bwd"][-1]["kernel"] == "mma_sync"
     assert "//   head_dim 192: mma_sync" in gen_ops.gen_config_header(cfg)
-    assert "X(192, 128, 64, 2, 2, 0)" in gen_ops.gen_config_header(cfg)
+    assert "X(192, 128, 64, 2, 2, false, 0)" in gen_ops.gen_config_header(cfg)
 
 
 def test_backward_query_tile_of_128_is_the_wgmma_kernel_at_head_dim_64_only():
@@ -96,6 +97,7 @@ def test_every_forward_head_dim_needs_a_backward():
     (with_head_dim(fwd(512), bwd(512)), "sm90 head_dim 512 exceeds cpu.max_head_dim 256"),
     (with_head_dim(fwd(0), bwd(192)), "sm90 head_dim 0: head_dim must be a positive integer"),
     (with_head_dim({"head_dim": 192}, bwd(192)), "sm90: every entry needs exactly the keys"),
+    (with_head_dim(fwd(192, overlap=1), bwd(192)), "sm90 head_dim 192: intra_wg_overlap must be true or false"),
 ])
 def test_configs_no_kernel_serves_are_rejected(cfg, match):
     with pytest.raises(gen_ops.ConfigError, match=match):

@@ -44,6 +44,11 @@ struct BwdArgs : AttnArgs {
   const float* lse2;       // [batch, num_heads, lse_stride], log2 units, +inf for empty rows and padding
   const float* delta;      // [batch, num_heads, lse_stride], 0 in the padding
   const BlockSummary* summary;  // [batch, mask_heads, n_kblocks] with block_n = kBlockN; nullptr if sri == nullptr
+  // Deterministic mode of the WGMMA kernel: per (batch, head, query tile), the key block that last
+  // added its dQ part, + 1 (0: none yet); each writer waits for its predecessor, so the fp32 sums
+  // are formed in key-block order. nullptr: parts are added in any order.
+  int32_t* dq_semaphore;   // [batch, num_heads, lse_stride / block_m], zeroed
+  int32_t* dq_chain_start; // [batch, mask_heads, n_mtiles]: first key block adding to the tile (bwd/dq_writer.cuh)
   int lse_stride;          // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
   float scale;             // softmax_scale
 };

@@ -1,7 +1,7 @@
 // Host side of the Hopper backward: validates fm3_bwd_params, allocates the
 // stream-ordered workspace (lse2, delta, block summary at the backward's
 // block_n via fm3_cuda_block_summary, fp32 dQ accumulator), runs preprocess -> block summary -> main
-// kernel -> dQ conversion (or the row-parallel dQ pass when deterministic),
+// kernel -> dQ conversion (the mma.sync fallback: the row-parallel dQ pass when deterministic),
 // with the tile config generated from yaml/kernel_configs.yaml
 // (FM3_SM90_BWD_CONFIGS). C ABI: fm3_cuda_bwd (fm3_cuda.h).
 #include <cuda_bf16.h>
@@ -85,15 +85,31 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
                        args.o_bs, BM))
     return -1;
   using Tr = sm90::BwdWgTraits<T, D, BM, BN, ST>;
-  auto kernel = deterministic ? sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, false>
-                              : sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
+  // Deterministic mode too writes dQ from this kernel, the parts of a tile added in key-block order
+  // (args.dq_semaphore, set by fm3_cuda_bwd).
+  auto kernel = sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
-  kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
-                                                                                                  mdo);
+  if (args.dq_semaphore == nullptr) {  // key blocks of one head side by side: they share its Q and dO in L2
+    kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
+                                                                                                    mdo);
+  } else {
+    // Deterministic: each key block adds its dQ parts after the previous one of its head, so with
+    // the key blocks of a head side by side (as above) the k-th resident one runs k write latencies
+    // behind the first, and on document masks far more (measured D=128 S=32K: full 371, causal
+    // document 117 TFLOP/s). With (batch, kv head) varying fastest only a few key blocks of a head
+    // are resident at once (full 317, causal document 305), at the price of L2 reuse (hit rate 34%
+    // against 97%: dQ's fp32 sums no longer meet in L2). BENCHMARKS.md, deterministic mode.
+    const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
+    const int64_t n = static_cast<int64_t>(args.batch) * args.mask_heads * n_mtiles;
+    sm90::dq_chain_start_kernel<BM, BN>
+        <<<static_cast<unsigned>((n + 127) / 128), 128, 0, stream>>>(args, n_mtiles, n_kblocks, n);
+    kernel<<<dim3(args.num_heads_k * args.batch, n_kblocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
+                                                                                                    mdo);
+  }
   FM3_CUDA_CHECK(cudaGetLastError());
-  return launch_dq<T, D, kMmaSyncBlockM, BN>(args, deterministic, true, stream, err, err_len);
+  return launch_dq<T, D, kMmaSyncBlockM, BN>(args, /*deterministic=*/false, true, stream, err, err_len);
 }
 
 template <typename T>
@@ -158,23 +174,33 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.scale = p->softmax_scale;
   const int mask_heads = a.mask_heads;
 
-  // Workspace: [dq_accum][lse2][delta][summary], each 256-byte aligned. dq_accum has lse_stride rows per
-  // (batch, head): whole 64-row tiles for the tile-blocked layout.
+  // Workspace: [dq_accum][lse2][delta][summary][dq_semaphore][dq_chain_start], each 256-byte
+  // aligned. dq_accum has lse_stride rows per (batch, head): whole 64-row tiles for the tile-blocked
+  // layout; the WGMMA kernel writes it in both modes (in key-block order when deterministic:
+  // dq_semaphore and dq_chain_start, one int per 64 rows, enough for any block_m).
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride;
-  const size_t accum_bytes = deterministic ? 0 : round_up(rows * p->head_dim * sizeof(float));
+  const size_t accum_bytes = round_up(rows * p->head_dim * sizeof(float));
   const size_t row_bytes = round_up(static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride * sizeof(float));
   const size_t summary_bytes =
       p->startend_row_indices ? round_up(sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * mask_heads * n_kblocks) : 0;
+  const size_t sem_bytes = deterministic ? round_up(rows / 64 * sizeof(int32_t)) : 0;
+  const size_t chain_bytes =
+      deterministic ? round_up(static_cast<size_t>(p->batch) * mask_heads * (a.lse_stride / 64) * sizeof(int32_t)) : 0;
   char* ws = nullptr;
-  FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), accum_bytes + 2 * row_bytes + summary_bytes + 256, stream));
-  a.dq_accum = deterministic ? nullptr : reinterpret_cast<float*>(ws);
+  FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws),
+                                 accum_bytes + 2 * row_bytes + summary_bytes + sem_bytes + chain_bytes + 256, stream));
+  a.dq_accum = reinterpret_cast<float*>(ws);
   a.lse2 = reinterpret_cast<float*>(ws + accum_bytes);
   a.delta = reinterpret_cast<float*>(ws + accum_bytes + row_bytes);
   a.summary = p->startend_row_indices ? reinterpret_cast<fm3::BlockSummary*>(ws + accum_bytes + 2 * row_bytes) : nullptr;
+  a.dq_semaphore = deterministic ? reinterpret_cast<int32_t*>(ws + accum_bytes + 2 * row_bytes + summary_bytes) : nullptr;
+  a.dq_chain_start =
+      deterministic ? reinterpret_cast<int32_t*>(ws + accum_bytes + 2 * row_bytes + summary_bytes + sem_bytes) : nullptr;
 
   int rc = 0;
   cudaError_t e = cudaSuccess;
-  if (!deterministic) e = cudaMemsetAsync(a.dq_accum, 0, rows * p->head_dim * sizeof(float), stream);
+  e = cudaMemsetAsync(a.dq_accum, 0, rows * p->head_dim * sizeof(float), stream);
+  if (e == cudaSuccess && deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, sem_bytes, stream);
   if (e == cudaSuccess && p->startend_row_indices != nullptr)
     rc = fm3_cuda_block_summary(p->startend_row_indices, p->batch, mask_heads, p->seqlen_q, p->seqlen_k,
                                 p->mask_cols, p->causal, block_n,

@@ -45,9 +45,15 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // broadcast: the compiler sees it warp-uniform
   BwdBlock blk;
-  blk.nb = blockIdx.x;
-  blk.hk = blockIdx.y;
-  blk.b = blockIdx.z;
+  if (a.dq_semaphore == nullptr) {
+    blk.nb = blockIdx.x;
+    blk.hk = blockIdx.y;
+    blk.b = blockIdx.z;
+  } else {  // deterministic: (batch, kv head) varies fastest (launch_wgmma says why)
+    blk.nb = blockIdx.y;
+    blk.hk = blockIdx.x % a.num_heads_k;
+    blk.b = blockIdx.x / a.num_heads_k;
+  }
   blk.n0 = blk.nb * kBlockN;
   blk.group = a.num_heads / a.num_heads_k;
   blk.n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
@@ -69,7 +75,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   if (wg == 0) {
     reg_dealloc<Tr::kProducerRegs>();
     if constexpr (kWriteDq) {
-      if (warp == 1 && lane == 0) bwd_dq_writer(a, sm);
+      if (warp == 1 && lane == 0) bwd_dq_writer(a, sm, blk);
     }
     if (warp != 0) return;  // warp 0 schedules and loads; warps 2-3 (and 1 unless writing dQ) have no work
     bwd_producer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, &tmap_q, &tmap_k, &tmap_v, &tmap_do, blk, lane);

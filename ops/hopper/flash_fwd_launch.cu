@@ -70,13 +70,13 @@ int persistent_grid(int num_tiles, char* err, size_t err_len, int* grid) {
 }
 
 // 0: launched; 1: error (message in err); -1: not applicable (use the fallback).
-template <typename T, int D, int BM, int BN, int ST>
+template <typename T, int D, int BM, int BN, int ST, bool OV>
 int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, size_t err_len) {
   if (force_mma_sync()) return -1;
   CUtensorMap mq, mk, mv;
   if (!make_qkv_maps<T>(args, head_dim, BM, BN, &mq, &mk, &mv)) return -1;
-  using Tr = sm90::WgTraits<T, D, BM, BN, ST>;
-  auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, BM, BN, ST>;
+  using Tr = sm90::WgTraits<T, D, BM, BN, ST, OV>;
+  auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, BM, BN, ST, OV>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   FwdArgs a = args;
@@ -92,7 +92,7 @@ int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* e
 }
 
 int block_n_for(int head_dim) {
-#define FM3_X(hd, bm, bn, st, wg, wgmma) \
+#define FM3_X(hd, bm, bn, st, wg, ov, wgmma) \
   if (head_dim == hd) return bn;
   FM3_SM90_CONFIGS(FM3_X)
 #undef FM3_X
@@ -101,11 +101,11 @@ int block_n_for(int head_dim) {
 
 template <typename T>
 int dispatch(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, size_t err_len) {
-#define FM3_X(hd, bm, bn, st, wg, wgmma)                                              \
+#define FM3_X(hd, bm, bn, st, wg, ov, wgmma)                                          \
   if (head_dim == hd) {                                                               \
     static_assert(bm == 16 * 4 * wg, "block_m must be 64 rows per consumer warpgroup"); \
     if constexpr (wgmma && !FM3_NO_WGMMA) {                                           \
-      const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, stream, err, err_len); \
+      const int rc = launch_wgmma<T, hd, bm, bn, st, ov>(args, head_dim, stream, err, err_len); \
       if (rc >= 0) return rc;                                                         \
     }                                                                                 \
     return launch<T, hd, bm, bn>(args, stream, err, err_len);                         \

@@ -1,34 +1,97 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the dQ writer, lane 0 of warp 1 of warpgroup 0 (only
-// when dQ is accumulated atomically; deterministic mode leaves dQ to the row-parallel pass). Per
+// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the dQ writer, lane 0 of warp 1 of warpgroup 0. Per
 // query tile the consumers store their dQ parts to shared memory in accumulator order
 // (bwd::dq_tile_offset) and arrive on dq_full; the writer adds each warpgroup's part to the
 // tile-blocked fp32 workspace with one bulk reduction (cp.reduce.async.bulk .add.f32) and hands the
 // buffer back on dq_empty once the reductions have read it. A workspace offset of -1 ends the
-// stream.
+// stream. Deterministic mode (a.dq_semaphore): before adding a tile, the writer waits until the
+// previous key block that contributes to that tile (the largest nb' < nb the producer of nb' would
+// not skip, bwd::classify_pair) has added its part, and after its own reductions have landed it
+// passes the tile on -- so every tile's sum is formed in key-block order. The search for that
+// predecessor stops at the tile's first contributing key block (dq_chain_start_kernel). The chain
+// only ever waits on blocks launched earlier (lower linear block index, see launch_wgmma), so it
+// cannot deadlock.
 #pragma once
 #include <stdint.h>
 
 #include "attn_args.h"  // BwdArgs
 #include "bwd/traits.cuh"
+#include "bwd_common.cuh"  // classify_pair, mask_head, no_mask_summary (mask_scheduler.cuh)
 #include "sm90_primitives.cuh"
 
 namespace fm3::hopper::sm90 {
 
 template <class Tr>
-__device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm) {
+__device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm, const BwdBlock& blk) {
   for (int k = 0;; ++k) {
     mbar_wait(sm.bar_dq_full, k & 1);
     const int64_t off = *sm.dq_off;
     if (off < 0) break;
+    int32_t* sem = nullptr;
+    if (a.dq_semaphore != nullptr) {
+      // The tile from its workspace offset: (head_off + m0) * head_dim, head_off = (b * H + h) * lse_stride.
+      const int64_t row = off / Tr::kDim;
+      const int64_t bh = row / a.lse_stride;
+      const int m0 = static_cast<int>(row % a.lse_stride);
+      const int h = static_cast<int>(bh % a.num_heads);
+      sem = a.dq_semaphore + bh * (a.lse_stride / Tr::kTileM) + m0 / Tr::kTileM;
+      const int64_t bhm = static_cast<int64_t>(blk.b) * a.mask_heads + bwd::mask_head(a, h);
+      const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+      const int first = a.dq_chain_start[bhm * blk.n_mtiles + m0 / Tr::kTileM];  // <= blk.nb
+      int prev = blk.nb - 1;
+      for (; prev >= first; --prev) {
+        const BlockSummary summ =
+            a.summary ? a.summary[bhm * blk.n_kblocks + prev] : no_mask_summary(a.seqlen_q);
+        if (bwd::classify_pair(summ, bm, a.bm_cols, m0, Tr::kTileM, prev * Tr::kTileN, Tr::kTileN, a.seqlen_q,
+                               a.seqlen_k, a.causal, blk.causal_offset) != kFullyMasked)
+          break;
+      }
+      if (prev >= first)
+        while (ld_acquire_gpu(sem) != prev + 1) __nanosleep(64);
+      fence_proxy_async_global();  // the reductions below come after the predecessor's
+    }
 #pragma unroll
-    for (int part = 0; part < Tr::kConsumerWGs; ++part)
+    for (int part = 0; part < Tr::kConsumerWGs; ++part) {
       bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqChunkFloats : 0),
                           sm.sdQ + part * Tr::kDqChunkFloats * 4, Tr::kDqChunkFloats * 4);
+      if constexpr (!Tr::kDqOwnPart) {  // both parts add to the same elements: in order when deterministic
+        if (sem != nullptr && part + 1 < Tr::kConsumerWGs) {
+          bulk_commit();
+          bulk_wait<0>();
+        }
+      }
+    }
     bulk_commit();
     bulk_wait_read<0>();
-    mbar_arrive(sm.bar_dq_empty);
+    mbar_arrive(sm.bar_dq_empty);  // the buffer is read: the consumers may store the next tile
+    if (sem != nullptr) {
+      bulk_wait<0>();              // the reductions have landed in global memory
+      fence_proxy_async_global();  // ... before the tile is passed on
+      st_release_gpu(sem, blk.nb + 1);
+    }
   }
   bulk_wait<0>();  // every reduction has landed before the CTA exits
+}
+
+// Deterministic mode, before the main kernel: per (batch, mask head, query tile), the first key block
+// whose producer does not skip the tile (n_kblocks if none). The writer's search for a tile's
+// predecessor stops there instead of walking back over every earlier key block (a document's first
+// block would otherwise read the summaries of all the documents before it, per tile).
+template <int kTileM, int kTileN>
+__global__ void __launch_bounds__(128)
+    dq_chain_start_kernel(const __grid_constant__ bwd::BwdArgs a, int n_mtiles, int n_kblocks, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 128 + threadIdx.x;
+  if (i >= n) return;
+  const int64_t bhm = i / n_mtiles;
+  const int m0 = static_cast<int>(i % n_mtiles) * kTileM;
+  const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+  int nb = 0;
+  for (; nb < n_kblocks; ++nb) {
+    const BlockSummary summ = a.summary ? a.summary[bhm * n_kblocks + nb] : no_mask_summary(a.seqlen_q);
+    if (bwd::classify_pair(summ, bm, a.bm_cols, m0, kTileM, nb * kTileN, kTileN, a.seqlen_q, a.seqlen_k, a.causal,
+                           a.seqlen_k - a.seqlen_q) != kFullyMasked)
+      break;
+  }
+  a.dq_chain_start[i] = nb;
 }
 
 }  // namespace fm3::hopper::sm90

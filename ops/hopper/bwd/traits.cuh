@@ -13,6 +13,7 @@ namespace fm3::hopper::sm90 {
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 struct BwdWgTraits {
   static constexpr int kNumStages = kStages;
+  static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
   static constexpr int kConsumerWGs = kBlockN / 64;  // 64 keys per consumer warpgroup
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim

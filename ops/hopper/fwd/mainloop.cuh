@@ -1,17 +1,24 @@
 // Forward WGMMA kernel (flash_fwd_wgmma.cuh): the consumers, warpgroups 1..kConsumerWGs, 64 query
-// rows each. Per tile of the scheduler (fwd/tile_scheduler.cuh), per stage of the K/V ring:
-// S = Q K^T with wgmma.mma_async (A and B from shared memory, fp32 accumulators), scale into log2
-// units, per-element mask (one bit test per element) only when the entry is tagged partial,
-// online softmax, P re-packed in registers as the A operand, O += P V with wgmma (A from
-// registers, V from shared memory MN-major), then every consumer thread arrives on the stage's
-// "empty" mbarrier to hand the stage back. At the tile boundary the consumers hand the Q buffer
-// back (q_empty) and write the tile (fwd/epilogue.cuh) while the producer loads the next one.
+// rows each. Per tile of the scheduler (fwd/tile_scheduler.cuh), one of two loops over its key
+// blocks, chosen per head dim in yaml/kernel_configs.yaml (intra_wg_overlap):
+// - plain: per block, S = Q K^T (A and B from shared memory), the per-element mask (partial
+//   entries only) and online softmax, O += P V (A = P from registers, V MN-major), each product
+//   waited for before the next step; the block's K/V stage is handed back after its product.
+// - overlapped (FlashAttention-3's intra-warpgroup overlap): S_i = Q K_i^T is issued together with
+//   O += P_{i-1} V_{i-1}, and the mask and softmax of S_i run while that product is in flight. K,
+//   the entry and the visibility bits of a block are handed back (K ring "empty") after its
+//   softmax; V after its product (V ring "v_empty"), which completes a block later -- hence the
+//   two rings.
+// At the tile boundary the consumers hand the Q buffer back (q_empty) and write the tile
+// (fwd/epilogue.cuh) while the producer loads the next one.
 //
-// Measured and not kept (H200, D=128, S=32K; BENCHMARKS.md): a software-pipelined
-// consumer loop (P_{i-1} V_{i-1} in flight during the softmax of S_i) with the two
-// warpgroups ping-ponging on named barriers: 306 TFLOP/s full with one K+V barrier
-// per stage, 460 with separate K and V barriers, against 536-552 for the plain
-// loop below; the tile sizes leave no room for a third stage.
+// Measured (H200, BENCHMARKS.md): the overlap gains up to 5% at D=256 and D=128 and loses 4-5% at
+// D=64 on full / causal, where a block's products are short. An earlier pipelined loop ran at 306
+// (one K+V barrier per stage) and 460 TFLOP/s (separate barriers) against 536-552 for the plain
+// loop: ptxas serialized its wgmma (C7514) because a product issued under a condition was waited
+// for under another. Here the first block is peeled so every product is waited for in its
+// iteration; and ptxas, left alone, sinks the softmax's exp2 below the product's wait (SASS: MUFU
+// after WARPGROUP.DEPBAR), so the next entry is awaited between them.
 #pragma once
 #include <math_constants.h>
 #include <stdint.h>
@@ -29,10 +36,10 @@ namespace fm3::hopper::sm90 {
 // The accumulators live in this function across the tile loop and the per-block steps are lambdas
 // over them: with the accumulators passed in by reference (the loop in the kernel), nvcc, which
 // optimizes a function before inlining it, emits different machine code.
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
-__device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kOverlap>
+__device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>>& sm,
                                              const FwdTileScheduler<kBlockM>& sched, int wg, int warp, int lane) {
-  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>;
   const int cw = wg - 1;               // consumer warpgroup: rows [cw * 64, cw * 64 + 64) of the tile
   const int wq = warp % 4;             // warp within the warpgroup: 16 rows
   const int g = lane / 4, t = lane % 4;
@@ -125,7 +132,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
     }
   };
 
-  RingCursor<kStages> ring;
+  RingCursor<kStages> ring, vring;
   int tile = first_tile(sm, ring);
   for (int k = 0; tile < a.num_tiles; ++k) {
     const FwdTile x = sched.tile_at(a, tile);
@@ -139,34 +146,102 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
       row_sum[r] = 0.f;
     }
     mbar_wait(sm.bar_q + 8 * qb, (k / Tr::kQBuffers) & 1);
-    for (;;) {
-      const int stage = ring.stage;
-      mbar_wait(sm.bar_full + 8 * stage, ring.phase);
-      const int entry = sm.entry[stage];
-      if (is_tile_boundary(entry)) {  // end of this tile; the boundary names the next one
-        tile = boundary_tile(entry);
-        mbar_arrive(sm.bar_empty + 8 * stage);
+    if constexpr (!kOverlap) {
+      for (;;) {
+        const int stage = ring.stage;
+        mbar_wait(sm.bar_full + 8 * stage, ring.phase);
+        const int entry = sm.entry[stage];
+        if (is_tile_boundary(entry)) {  // end of this tile; the boundary names the next one
+          tile = boundary_tile(entry);
+          mbar_arrive(sm.bar_empty + 8 * stage);
+          ring.advance();
+          break;
+        }
+        float s[kS];
+        gmma_fence();
+        issue_qk(s, stage);
+        gmma_wait<0>();
+        fence_regs(s);
+        float alpha[2];
+        softmax(s, entry, stage, alpha);
+        rescale_o(alpha);
+        uint32_t p[kBlockN / 16][4];
+        pack_p(s, p);
+        fence_regs(o);
+        gmma_fence();
+        issue_pv(p, stage);
+        gmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+        mbar_arrive(sm.bar_empty + 8 * stage);  // this thread is done with the stage (its reads happen-before the refill)
         ring.advance();
-        break;
       }
-      float s[kS];
-      gmma_fence();
-      issue_qk(s, stage);
-      gmma_wait<0>();
-      fence_regs(s);
-      float alpha[2];
-      softmax(s, entry, stage, alpha);
-      rescale_o(alpha);
-      uint32_t p[kBlockN / 16][4];
-      pack_p(s, p);
-      fence_regs(o);
-      gmma_fence();
-      issue_pv(p, stage);
-      gmma_wait<0>();
-      fence_regs(o);
-      fence_regs(p);
-      mbar_arrive(sm.bar_empty + 8 * stage);  // this thread is done with the stage (its reads happen-before the refill)
-      ring.advance();
+    } else {
+      // Software pipeline over the tile's blocks: S_i = Q K_i^T is issued together with
+      // O += P_{i-1} V_{i-1}, so the softmax of S_i runs while that product is in flight. The first
+      // block is peeled off, so that every product issued in the loop is waited for in the same
+      // iteration (ptxas serializes the wgmma when it cannot see that).
+      // Next entry of the K ring; false (and the next tile named) at the tile boundary.
+      auto next_block = [&](int& entry) {
+        mbar_wait(sm.bar_full + 8 * ring.stage, ring.phase);
+        entry = sm.entry[ring.stage];
+        if (!is_tile_boundary(entry)) return true;
+        tile = boundary_tile(entry);
+        mbar_arrive(sm.bar_empty + 8 * ring.stage);
+        ring.advance();
+        return false;
+      };
+      int entry;
+      if (next_block(entry)) {
+        uint32_t p[kBlockN / 16][4];  // P_{i-1}, the register A operand of the pending product
+        float s[kS];
+        float alpha[2];
+        gmma_fence();
+        issue_qk(s, ring.stage);
+        gmma_wait<0>();
+        fence_regs(s);
+        softmax(s, entry, ring.stage, alpha);
+        mbar_arrive(sm.bar_empty + 8 * ring.stage);  // K and the visibility bits of this block are read
+        ring.advance();
+        bool more = next_block(entry);
+        rescale_o(alpha);  // O is still 0
+        pack_p(s, p);
+        while (more) {
+          mbar_wait(sm.bar_v_full + 8 * vring.stage, vring.phase);  // V_{i-1}: loaded a block ago
+          fence_regs(o);
+          fence_regs(p);
+          gmma_fence();
+          issue_qk(s, ring.stage);
+          issue_pv(p, vring.stage);
+          gmma_wait<1>();  // S_i done, P_{i-1} V_{i-1} may still run
+          fence_regs(s);
+          softmax(s, entry, ring.stage, alpha);
+          fence_regs(s);
+          mbar_arrive(sm.bar_empty + 8 * ring.stage);
+          ring.advance();
+          // The next entry is awaited before the product's wait: besides overlapping the two waits,
+          // the control flow between them keeps ptxas from sinking the softmax below the wait.
+          more = next_block(entry);
+          gmma_wait<0>();
+          fence_regs(o);
+          fence_regs(p);
+          mbar_arrive(sm.bar_v_empty + 8 * vring.stage);
+          vring.advance();
+          rescale_o(alpha);
+          pack_p(s, p);
+        }
+        // The tile's last block.
+        mbar_wait(sm.bar_v_full + 8 * vring.stage, vring.phase);
+        fence_regs(o);
+        fence_regs(p);
+        gmma_fence();
+        issue_pv(p, vring.stage);
+        gmma_wait<0>();
+        fence_regs(o);
+        fence_regs(p);
+        mbar_arrive(sm.bar_v_empty + 8 * vring.stage);
+        vring.advance();
+      }
     }
     mbar_arrive(sm.bar_q_empty + 8 * qb);  // every GEMM reading this Q buffer has completed
     fwd_epilogue<T, kHeadDim>(a, x, o, row_max, row_sum, row_base, t);

@@ -22,19 +22,19 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
-__device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kOverlap>
+__device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>>& sm,
                                              const FwdTileScheduler<kBlockM>& sched, const CUtensorMap* tmap_q,
                                              const CUtensorMap* tmap_k, const CUtensorMap* tmap_v, int tid, int lane,
                                              int n_blocks, int causal_offset) {
-  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>;
   const int warp = tid / 32;  // from tid here, not passed in: the machine code of the one-piece kernel
   if (warp == 0 && lane == 0) {
     tma_prefetch_desc(tmap_q);
     tma_prefetch_desc(tmap_k);
     tma_prefetch_desc(tmap_v);
   }
-  RingCursor<kStages> ring;
+  RingCursor<kStages> ring, vring;  // vring (overlapped consumers): thread 0 only
   int tile = blockIdx.x;
   post_tile_boundary(sm, ring, tid, tile);
   for (int k = 0; tile < a.num_tiles; ++k) {
@@ -70,11 +70,27 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
         const uint32_t full = sm.bar_full + 8 * ring.stage;
         if (tid == 0) {
           sm.entry[ring.stage] = entry;
-          mbar_arrive_expect_tx(full, 2 * Tr::kKVBytes);
+          if constexpr (kOverlap) {
+            mbar_arrive_expect_tx(full, Tr::kKVBytes);
 #pragma unroll
-          for (int c = 0; c < Tr::kDChunks; ++c) {
-            tma_load_4d(sm.sK + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_k, full, c * 64, n0, x.hk, x.b);
-            tma_load_4d(sm.sV + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_v, full, c * 64, n0, x.hk, x.b);
+            for (int c = 0; c < Tr::kDChunks; ++c)
+              tma_load_4d(sm.sK + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_k, full, c * 64, n0, x.hk, x.b);
+            // V on its own ring: the consumers hand its stage back after the block's product, which
+            // completes during the next block.
+            const uint32_t v_full = sm.bar_v_full + 8 * vring.stage;
+            mbar_wait(sm.bar_v_empty + 8 * vring.stage, vring.phase ^ 1);
+            mbar_arrive_expect_tx(v_full, Tr::kKVBytes);
+#pragma unroll
+            for (int c = 0; c < Tr::kDChunks; ++c)
+              tma_load_4d(sm.sV + vring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_v, v_full, c * 64, n0, x.hk, x.b);
+            vring.advance();
+          } else {
+            mbar_arrive_expect_tx(full, 2 * Tr::kKVBytes);
+#pragma unroll
+            for (int c = 0; c < Tr::kDChunks; ++c) {
+              tma_load_4d(sm.sK + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_k, full, c * 64, n0, x.hk, x.b);
+              tma_load_4d(sm.sV + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_v, full, c * 64, n0, x.hk, x.b);
+            }
           }
         } else {
           mbar_arrive(full);

@@ -9,7 +9,7 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kOverlap>
 struct WgTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kConsumerWGs = kBlockM / 64;
@@ -47,8 +47,11 @@ struct WgTraits {
   static constexpr int kOffList = kOffEntry + 16 * 4;                          // kProducerThreads int
   static constexpr int kOffWarpCounts = kOffList + kProducerThreads * 4;       // 4 int (+pad)
   static constexpr int kOffTile = kOffWarpCounts + 16 * 4;  // 2 int: next tile, by tile parity
-  static constexpr int kOffBar = kOffTile + 16;  // full[kStages], empty[kStages], q[2], q_empty[2]
-  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 4);
+  // full[kStages], empty[kStages] (entry, visibility bits, K; and V unless kOverlap), q[2],
+  // q_empty[2], v_full[kStages], v_empty[kStages] (kOverlap: V, held until its product completes,
+  // a block after K; fwd/mainloop.cuh)
+  static constexpr int kOffBar = kOffTile + 16;
+  static constexpr int kEnd = kOffBar + 8 * (4 * kStages + 4);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
   static_assert(kStages <= 16, "entry slots");
   static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
@@ -64,6 +67,7 @@ struct FwdSmem {
   int* warp_counts;     // the mask scheduler's per-warp counts
   int* tile;            // the next tile, by tile parity
   uint32_t bar_full, bar_empty, bar_q, bar_q_empty;  // mbarriers: [kStages], [kStages], [2], [2]
+  uint32_t bar_v_full, bar_v_empty;                  // mbarriers of the V ring: [kStages], [kStages]
 
   __device__ __forceinline__ explicit FwdSmem(unsigned char* smem_raw) {
     const uint32_t raw_u32 = smem_u32(smem_raw);
@@ -81,10 +85,13 @@ struct FwdSmem {
     bar_q = bar_empty + 8 * Tr::kNumStages;
     tile = reinterpret_cast<int*>(base + Tr::kOffTile);
     bar_q_empty = bar_q + 16;  // bar_q[2], then bar_q_empty[2]
+    bar_v_full = bar_q_empty + 16;
+    bar_v_empty = bar_v_full + 8 * Tr::kNumStages;
   }
 };
 
-// The cursor of the kStages-deep K/V ring: both roles walk the stages in order and the phase bit
+// The cursor of a kStages-deep ring (the K ring with its entries, or the V ring): both roles walk the
+// stages in order and the phase bit
 // flips at each wrap; the producer waits on a stage's "empty" mbarrier with phase ^ 1, the
 // consumers on its "full" mbarrier with phase.
 template <int kStages>
