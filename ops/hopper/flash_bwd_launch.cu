@@ -87,7 +87,7 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
   using Tr = sm90::BwdWgTraits<T, D, BM, BN, ST>;
   // Deterministic mode too writes dQ from this kernel, the parts of a tile added in key-block order
   // (args.dq_semaphore, set by fm3_cuda_bwd).
-  auto kernel = sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST, true>;
+  auto kernel = sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;

@@ -33,7 +33,7 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kWriteDq>
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
     flash_bwd_wgmma_kernel(const __grid_constant__ bwd::BwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
                            const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
@@ -74,15 +74,13 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 
   if (wg == 0) {
     reg_dealloc<Tr::kProducerRegs>();
-    if constexpr (kWriteDq) {
-      if (warp == 1 && lane == 0) bwd_dq_writer(a, sm, blk);
-    }
-    if (warp != 0) return;  // warp 0 schedules and loads; warps 2-3 (and 1 unless writing dQ) have no work
+    if (warp == 1 && lane == 0) bwd_dq_writer(a, sm, blk);
+    if (warp != 0) return;  // warp 0 schedules and loads; warps 2-3 have no work
     bwd_producer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, &tmap_q, &tmap_k, &tmap_v, &tmap_do, blk, lane);
     return;
   }
   reg_alloc<Tr::kConsumerRegs>();
-  bwd_consumer<T, kHeadDim, kBlockM, kBlockN, kStages, kWriteDq>(a, sm, blk, tid, warp, lane, wg);
+  bwd_consumer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
 }
 
 }  // namespace fm3::hopper::sm90

@@ -10,8 +10,8 @@
 //   dQ = dS K                                 (A = dS^T, MN-major, from shared memory; split between
 //     the warpgroups along the queries (128-query tiles) or the head dim (D=128), else the keys),
 //     then dK += dS^T Q (A = dS^T from registers): dQ is stored to shared memory in accumulator
-//     order while dK runs and handed to the dQ writer warp (bwd/dq_writer.cuh). Deterministic mode
-//     (kWriteDq = false) leaves dQ to the row-parallel pass.
+//     order while dK runs and handed to the dQ writer warp (bwd/dq_writer.cuh), which adds it to
+//     the workspace (in key-block order when deterministic).
 // dK, dV stay in registers over the whole GQA group; bwd/epilogue.cuh writes them.
 // Operand descriptors are built once per CTA (SmemDesc) and moved by constant offsets, with the
 // warpgroup index broadcast so the compiler keeps them in uniform registers.
@@ -33,7 +33,7 @@ namespace fm3::hopper::sm90 {
 // The dK / dV accumulators live in this function across the tile loop and go to the epilogue at the
 // end. tid, warp, lane: this thread; wg: its warpgroup, broadcast from lane 0 so the compiler sees it
 // warp-uniform.
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kWriteDq>
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
                                              const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
                                              const BwdBlock& blk, int tid, int warp, int lane, int wg) {
@@ -194,46 +194,38 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
         pds[ps][e] = Mma<T>::pack(dp[8 * ps + 2 * e], dp[8 * ps + 2 * e + 1]);
       }
     const int dsb = iter % Tr::kDsBuffers;
-    if constexpr (kWriteDq) {
-      // dS^T to shared memory, [keys][queries] as kQSub sub-tiles of 64 queries, 128-byte rows,
-      // 16-byte chunks XOR-swizzled by (key % 8) as TMA would write it. pds[ps][e]: key row
-      // key_local + 8 * (e % 2), queries 8 * (2 * ps + e / 2) + 2t, +1. Two buffers: both
-      // warpgroups' dQ of tile iter - 2 completed before either passed the dS barrier of tile iter - 1.
-      unsigned char* dst = sm.base + Tr::kOffdS + dsb * Tr::kDsBytes;
+    // dS^T to shared memory, [keys][queries] as kQSub sub-tiles of 64 queries, 128-byte rows,
+    // 16-byte chunks XOR-swizzled by (key % 8) as TMA would write it. pds[ps][e]: key row
+    // key_local + 8 * (e % 2), queries 8 * (2 * ps + e / 2) + 2t, +1. Two buffers: both
+    // warpgroups' dQ of tile iter - 2 completed before either passed the dS barrier of tile iter - 1.
+    unsigned char* dst = sm.base + Tr::kOffdS + dsb * Tr::kDsBytes;
 #pragma unroll
-      for (int ps = 0; ps < kKs; ++ps)
+    for (int ps = 0; ps < kKs; ++ps)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = key_local + 8 * (e % 2), chunk = (2 * ps + e / 2) % 8, sub = ps / 4;
-          *reinterpret_cast<uint32_t*>(dst + sub * kBlockN * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) =
-              pds[ps][e];
-        }
-      fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
-    }
+      for (int e = 0; e < 4; ++e) {
+        const int row = key_local + 8 * (e % 2), chunk = (2 * ps + e / 2) % 8, sub = ps / 4;
+        *reinterpret_cast<uint32_t*>(dst + sub * kBlockN * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) =
+            pds[ps][e];
+      }
+    fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
     // dV += P^T dO (B = dO [queries][head dim], MN-major, k16 step = 16 query rows); then, once both
     // warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to the writer.
     gmma_fence();
 #pragma unroll
     for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pp[ps], dsc_do_mn.at(qoff + ps * 2048), dv);
     gmma_commit();
-    if constexpr (kWriteDq) {
-      named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves of dS^T written
-      float dq[32];
-      issue_dq(dsb, dq);
-      gmma_wait<1>();  // dV done
-      fence_regs(dv);
-      fence_regs(pp);
+    named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves of dS^T written
+    float dq[32];
+    issue_dq(dsb, dq);
+    gmma_wait<1>();  // dV done
+    fence_regs(dv);
+    fence_regs(pp);
 #pragma unroll
-      for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
-      gmma_commit();
-      gmma_wait<1>();  // dQ done; dK runs while dQ is stored
-      fence_regs(dq);
-      write_dq(dq, (head_off + m0) * kHeadDim);
-    } else {
-#pragma unroll
-      for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
-      gmma_commit();
-    }
+    for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pds[ps], dsc_q_mn.at(qoff + ps * 2048), dk);
+    gmma_commit();
+    gmma_wait<1>();  // dQ done; dK runs while dQ is stored
+    fence_regs(dq);
+    write_dq(dq, (head_off + m0) * kHeadDim);
     gmma_wait<0>();
     fence_regs(dk);
     fence_regs(dv);
@@ -246,11 +238,10 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     }
   }
 
-  if constexpr (kWriteDq) {  // end of the dQ stream
-    if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
-    if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = -1;
-    mbar_arrive(sm.bar_dq_full);
-  }
+  // End of the dQ stream.
+  if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
+  if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = -1;
+  mbar_arrive(sm.bar_dq_full);
 
   bwd_epilogue<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
 }
