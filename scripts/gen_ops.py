@@ -234,11 +234,12 @@ def fwd_kernel(c: dict) -> str:
 
 def bwd_kernel(c: dict) -> str:
     """Kernel that serves a backward config: the WGMMA kernel for head_dim 64/128 with 64 x 128
-    tiles, or 128 x 128 at head_dim 64 (BwdWgTraits in ops/hopper/bwd/traits.cuh), else the mma.sync kernel
-    (built for every head dim with 64-row tiles: the fallback and the deterministic dQ pass)."""
-    hd, bm = c["head_dim"], c["block_m"]
-    covered = (hd in (64, 128) and (bm == 64 or (bm == 128 and hd == 64)) and c["block_n"] == 128
-               and 2 <= c["stages"] <= 16)
+    tiles, or 128 x 128 at head_dim 64, and for head_dim 256 with 64 x 64 tiles and one stage (the
+    227 KiB hold no second) (BwdWgTraits in ops/hopper/bwd/traits.cuh), else the mma.sync kernel
+    (built for every head dim with 64-row tiles: the fallback and its deterministic dQ pass)."""
+    hd, bm, bn, st = c["head_dim"], c["block_m"], c["block_n"], c["stages"]
+    covered = ((hd in (64, 128) and (bm == 64 or (bm == 128 and hd == 64)) and bn == 128 and 2 <= st <= 16)
+               or (hd == 256 and bm == 64 and bn == 64 and st == 1))
     return WGMMA if covered else MMA_SYNC
 
 
@@ -308,8 +309,9 @@ def check_kernel_configs(cfg: dict) -> dict:
             if hd > cpu["max_head_dim"]:
                 raise ConfigError(f"{section} head_dim {hd} exceeds cpu.max_head_dim {cpu['max_head_dim']} "
                                   f"(the API rejects it)")
-            if not 2 <= c["stages"] <= 16:
-                raise ConfigError(f"{section} head_dim {hd}: stages must be in [2, 16], got {c['stages']}")
+            lo = 1 if section == "sm90_bwd" else 2  # the backward's ring also runs with one stage
+            if not lo <= c["stages"] <= 16:
+                raise ConfigError(f"{section} head_dim {hd}: stages must be in [{lo}, 16], got {c['stages']}")
             check(c)
             c["kernel"] = kernel(c)
     fwd_dims, bwd_dims = {c["head_dim"] for c in fwd}, {c["head_dim"] for c in bwd}

@@ -36,14 +36,23 @@ def bwd(hd, bm=64, bn=64, st=2):
 def test_shipped_configs_state_their_kernel():
     cfg = gen_ops.check_kernel_configs(copy.deepcopy(CFG))
     assert {c["head_dim"]: c["kernel"] for c in cfg["sm90"]} == {64: "wgmma", 128: "wgmma", 256: "wgmma"}
-    assert {c["head_dim"]: c["kernel"] for c in cfg["sm90_bwd"]} == {64: "wgmma", 128: "wgmma", 256: "mma_sync"}
+    assert {c["head_dim"]: c["kernel"] for c in cfg["sm90_bwd"]} == {64: "wgmma", 128: "wgmma", 256: "wgmma"}
     header = gen_ops.gen_config_header(cfg)
-    assert "X(64, 128, 128, 2, 2, false, 1)" in header and "X(128, 128, 128, 2, 2, true, 1)" in header and "X(256, 64, 64, 2, 0)" in header
-    assert "//   head_dim 256: mma_sync" in header
+    assert "X(64, 128, 128, 2, 2, false, 1)" in header and "X(128, 128, 128, 2, 2, true, 1)" in header
+    assert "X(256, 64, 64, 1, 1)" in header  # the backward at head dim 256: WGMMA, one stage
     ns = {}
     exec(gen_ops.gen_py_config(cfg), ns)  # noqa: S102 - our own generated module
     assert ns["SM90_HEAD_DIMS"] == (64, 128, 256)
-    assert [c["kernel"] for c in ns["SM90_BWD_CONFIGS"]] == ["wgmma", "wgmma", "mma_sync"]
+    assert [c["kernel"] for c in ns["SM90_BWD_CONFIGS"]] == ["wgmma", "wgmma", "wgmma"]
+
+
+def test_backward_at_head_dim_256_is_the_wgmma_kernel_with_one_stage_only():
+    cfg = copy.deepcopy(CFG)
+    cfg["sm90_bwd"] = [bwd(256, st=2) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
+    assert gen_ops.check_kernel_configs(cfg)["sm90_bwd"][-1]["kernel"] == "mma_sync"  # two stages do not fit
+    cfg["sm90_bwd"] = [bwd(256, st=17) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
+    with pytest.raises(gen_ops.ConfigError, match=r"sm90_bwd head_dim 256: stages must be in \[1, 16\]"):
+        gen_ops.check_kernel_configs(cfg)
 
 
 def test_installed_config_is_the_generated_one():

@@ -7,13 +7,16 @@
 //                      Q, dO, lse2, delta into the ring
 //   bwd/dq_writer.cuh  warp 1: bulk fp32 reductions of each finished dQ tile into the workspace
 //   bwd/mainloop.cuh   consumer warpgroups: S^T, dP^T, P^T / dS^T, dV, dQ, dK per query tile
+//   bwd/mainloop_split_d.cuh  the same at head dim 256: two warpgroups sharing the keys, splitting
+//                      the queries of S^T and the columns of dK, dV, dQ
 //   bwd/epilogue.cuh   dK and dV, staged in shared memory, written with 16-byte stores
 //
-// One CTA = one (key block of kBlockN = 128 columns, kv head, batch); 128 * (1 + kBlockN / 64)
+// One CTA = one (key block of kBlockN = 128 columns (64 at head dim 256), kv head, batch); 384
 // threads. Warpgroup 0, the producer (setmaxnreg down): warp 0 streams the surviving query tiles
 // of every query head of the GQA group into a kStages-deep ring on mbarriers; warp 1 is the dQ
-// writer; warps 2-3 exit. Warpgroups 1..2, the consumers (setmaxnreg up), 64 keys each, drain the
-// ring, keep dK and dV in registers over the whole GQA group and hand each tile's dQ to the writer.
+// writer; warps 2-3 exit. Warpgroups 1..2, the consumers (setmaxnreg up), 64 keys each (at head
+// dim 256 the same 64 keys, half the columns each), drain the ring, keep dK and dV in registers
+// over the whole GQA group and hand each tile's dQ to the writer.
 // Measurements and the variants tried: BENCHMARKS.md (Hopper backward).
 //
 // The roles are __forceinline__ functions, and nvcc optimizes a function before inlining it: what
@@ -27,6 +30,7 @@
 #include "attn_args.h"  // BwdArgs
 #include "bwd/dq_writer.cuh"
 #include "bwd/mainloop.cuh"
+#include "bwd/mainloop_split_d.cuh"
 #include "bwd/producer.cuh"
 #include "bwd/traits.cuh"
 #include "sm90_primitives.cuh"
@@ -80,7 +84,10 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     return;
   }
   reg_alloc<Tr::kConsumerRegs>();
-  bwd_consumer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
+  if constexpr (Tr::kSplitD)
+    bwd_consumer_split_d<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
+  else
+    bwd_consumer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
 }
 
 }  // namespace fm3::hopper::sm90

@@ -151,10 +151,13 @@ struct GmmaAtoms;
     using SS = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::K, G::Major::K>;     \
     using RS = G::MMA_64x##N##x16_F32##NAME##_RS<G::Major::K, G::Major::MN>;    \
     using SS_MN = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::MN, G::Major::MN>; \
+    using SS_KMN = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::K, G::Major::MN>; \
   };
+FM3_GMMA_ATOMS(__nv_bfloat16, 32, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 64, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 128, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 256, BF16BF16)
+FM3_GMMA_ATOMS(__half, 32, F16F16)
 FM3_GMMA_ATOMS(__half, 64, F16F16)
 FM3_GMMA_ATOMS(__half, 128, F16F16)
 FM3_GMMA_ATOMS(__half, 256, F16F16)
@@ -181,6 +184,11 @@ __device__ __forceinline__ void gmma_ss(uint64_t da, uint64_t db, float (&d)[N /
 template <typename T, int N>
 __device__ __forceinline__ void gmma_ss_mn(uint64_t da, uint64_t db, float (&d)[N / 2], bool accumulate) {
   gmma_ss_impl<typename GmmaAtoms<T, N>::SS_MN, N / 2>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
+}
+// D[64 x N] += A[64 x 16] (smem, K-major: stored [m][k]) * B[16 x N] (smem, MN-major: stored [k][n]).
+template <typename T, int N>
+__device__ __forceinline__ void gmma_ss_kmn(uint64_t da, uint64_t db, float (&d)[N / 2], bool accumulate) {
+  gmma_ss_impl<typename GmmaAtoms<T, N>::SS_KMN, N / 2>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
 }
 // D[64 x N] += A[64 x 16] (registers, the mma.m16n8k16 A layout per warp) * B (smem, MN-major).
 template <typename T, int N>

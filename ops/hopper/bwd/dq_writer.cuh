@@ -51,8 +51,8 @@ __device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSm
     }
 #pragma unroll
     for (int part = 0; part < Tr::kConsumerWGs; ++part) {
-      bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqChunkFloats : 0),
-                          sm.sdQ + part * Tr::kDqChunkFloats * 4, Tr::kDqChunkFloats * 4);
+      bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqWgFloats : 0),
+                          sm.sdQ + part * Tr::kDqWgFloats * 4, Tr::kDqWgFloats * 4);
       if constexpr (!Tr::kDqOwnPart) {  // both parts add to the same elements: in order when deterministic
         if (sem != nullptr && part + 1 < Tr::kConsumerWGs) {
           bulk_commit();

@@ -79,7 +79,7 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
   int dq_count = 0;
   auto write_dq = [&](const float (&dq)[32], int64_t off) {
     if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
-    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqChunkFloats + wq * 8 * 128 + lane * 4;
+    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqWgFloats + wq * 8 * 128 + lane * 4;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);

@@ -1,6 +1,6 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): tile sizes, register budgets, the split of dQ between
-// the consumer warpgroups, the shared-memory layout (BwdWgTraits) and its addresses in one CTA
-// (BwdSmem).
+// Backward WGMMA kernel (flash_bwd_wgmma.cuh): tile sizes, register budgets, the split of the work
+// between the consumer warpgroups, the shared-memory layout (BwdWgTraits) and its addresses in one
+// CTA (BwdSmem).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -14,38 +14,52 @@ template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 struct BwdWgTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
-  static constexpr int kConsumerWGs = kBlockN / 64;  // 64 keys per consumer warpgroup
+  // Head dim 256 (kSplitD): 64 x 64 tiles and two warpgroups that share the 64 keys and split the
+  // head dim (bwd/mainloop_split_d.cuh): a warpgroup's dK and dV over all 256 columns would take 256
+  // registers per thread. Otherwise 64 keys per consumer warpgroup (bwd/mainloop.cuh).
+  static constexpr bool kSplitD = kHeadDim == 256;
+  static constexpr int kConsumerWGs = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim
   // FlashAttention-3/4 budgets (measured: BENCHMARKS.md, Hopper backward).
   static constexpr int kConsumerRegs = 240;
   static constexpr int kProducerRegs = 24;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "WGMMA backward: head dim 64 or 128");
-  static_assert(kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
-                "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per warpgroup)");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA backward: head dim 64, 128 or 256");
+  static_assert(kSplitD ? kBlockM == 64 && kBlockN == 64
+                        : kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
+                "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per "
+                "warpgroup), 64 x 64 at head dim 256");
   static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
                 "a tile must lie inside one block_mask block");
-  static_assert(kStages >= 2 && kStages <= 16, "stages");
+  static_assert(kStages >= 1 && kStages <= 16, "stages");
   static constexpr int kQSub = kBlockM / 64;  // 64-query sub-tiles of dS^T (128-byte rows)
   // dQ = dS K, split between the warpgroups: along the queries when the tile has 64 per warpgroup,
-  // else along the head dim when each warpgroup has its own 64-column sub-tile, else along the keys.
-  // In the first two, each warpgroup's part is one 64 x 64 tile of the dQ workspace.
+  // else along the head dim when it divides into whole 64-column sub-tiles (one per warpgroup, two
+  // at head dim 256), else along the keys. In the first two, each warpgroup's part is its own
+  // kDqWgFloats of the tile in the dQ workspace (64 x 64 sub-tiles, bwd::dq_tile_offset).
   static constexpr bool kDqSplitM = kQSub == kConsumerWGs;
-  static constexpr bool kDqSplitD = !kDqSplitM && kDChunks == kConsumerWGs;
+  static constexpr bool kDqSplitD = !kDqSplitM && kDChunks % kConsumerWGs == 0;
   static constexpr bool kDqOwnPart = kDqSplitM || kDqSplitD;
   static constexpr int kDqKeys = kDqOwnPart ? kBlockN : 64;
+  static constexpr int kDqCols = kDqSplitD ? kHeadDim / kConsumerWGs : 64;  // a warpgroup's dQ columns
+  static constexpr int kDqWgFloats = 64 * kDqCols;                          // a warpgroup's dQ part
+  // dK / dV: a warpgroup's rows (keys) and columns, kDkRegs accumulators per thread each.
+  static constexpr int kDkCols = kSplitD ? kHeadDim / kConsumerWGs : kHeadDim;
+  static constexpr int kDkRegs = kDkCols / 2;
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
                 "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
   // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kDsBytes = kBlockN * kBlockM * 2;  // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows
+  // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows; at head dim 256 followed by P^T (the A
+  // operand of dV, from shared memory there).
+  static constexpr int kDsBytes = (kSplitD ? 2 : 1) * kBlockN * kBlockM * 2;
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kKBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
-  static constexpr int kDsBuffers = 2;  // dS^T buffers (tile % 2)
+  static constexpr int kDsBuffers = kSplitD ? 1 : 2;  // dS^T buffers (tile % 2); one at head dim 256 (227 KiB)
   static constexpr int kOffdS = kOffdO + kStages * kQBytes;
   static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
   // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
@@ -58,10 +72,9 @@ struct BwdWgTraits {
   static constexpr int kOffList = kOffHead + 16 * 4;                     // 128 int
   static constexpr int kOffWarpCounts = kOffList + 128 * 4;              // 4 int (+pad)
   static constexpr int kOffDqOff = kOffWarpCounts + 16 * 4;               // int64: the dQ tile being written
-  static constexpr int kOffdQ = (kOffDqOff + 8 + 1023) / 1024 * 1024;   // dQ tile, fp32, 2 x 16 KB (writer mode)
-  static constexpr int kDqChunkFloats = 64 * 64;                         // one warpgroup's 64 x 64 part
+  static constexpr int kOffdQ = (kOffDqOff + 8 + 1023) / 1024 * 1024;   // dQ tile, fp32, one part per warpgroup
   // full[kStages], empty[kStages], kv, dq_full, dq_empty
-  static constexpr int kOffBar = kOffdQ + 2 * kDqChunkFloats * 4;
+  static constexpr int kOffBar = kOffdQ + kConsumerWGs * kDqWgFloats * 4;
   static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");

@@ -1,0 +1,214 @@
+// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the consumers at head dim 256 (BwdWgTraits::kSplitD),
+// two warpgroups on 64 x 64 tiles that share the key block's 64 keys and split the rest (the
+// FlashAttention-3 shape at this head dim: a warpgroup's dK and dV over all 256 columns would take
+// 256 registers per thread). Per query tile of the ring, warpgroup cw:
+//   S^T, dP^T for its 32 queries [32 cw, 32 cw + 32): 64 keys x 32 queries, K = 256
+//   P^T, dS^T (fp32, masked per element on partial tiles) into shared memory as bf16/fp16 halves of
+//     the [keys][queries] tiles (both warpgroups' halves behind a named barrier)
+//   dV += P^T dO, dK += dS^T Q for its 128 columns [128 cw, 128 cw + 128) (A from shared memory:
+//     P^T / dS^T, K-major; B = dO / Q, MN-major)
+//   dQ = dS K for its 128 columns (A = dS^T, MN-major; B = K, MN-major), handed to the dQ writer
+// The Q / dO stage is handed back once dV and dK have read it, while dQ runs. One dS^T / P^T buffer
+// (the 227 KiB hold no second one at this head dim): a second named barrier keeps a tile's stores
+// behind both warpgroups' reads of the previous tile.
+#pragma once
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "attn_args.h"  // BwdArgs
+#include "bwd/epilogue.cuh"
+#include "bwd/traits.cuh"
+#include "bwd_common.cuh"  // mask_head
+#include "fm3/mask.h"      // BlockEntry, ColumnBounds, column_bounds, row_masked
+#include "sm90_primitives.cuh"
+#include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
+
+namespace fm3::hopper::sm90 {
+
+template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+__device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
+                                                     const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                                     const BwdBlock& blk, int tid, int warp, int lane, int wg) {
+  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  static_assert(Tr::kSplitD && kBlockM == 64 && kBlockN == 64 && Tr::kConsumerWGs == 2, "the head-dim-256 consumers");
+  constexpr int kQw = kBlockM / 2;   // S^T / dP^T queries per warpgroup
+  constexpr int kS = kQw / 2;        // S^T / dP^T accumulators per thread (64 x 32)
+  constexpr int kCols = Tr::kDkCols;  // dK / dV / dQ columns per warpgroup (128)
+  constexpr int kPtOff = kBlockN * kBlockM * 2;  // P^T after dS^T in the buffer
+  const int b = blk.b, n0 = blk.n0, causal_offset = blk.causal_offset;
+  const int cw = wg - 1;
+  const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
+  const int g = lane / 4, t = lane % 4;
+  const int key_local = wq * 16 + g;  // this thread's keys: key_local and key_local + 8
+  float dk[Tr::kDkRegs], dv[Tr::kDkRegs];
+#pragma unroll
+  for (int i = 0; i < Tr::kDkRegs; ++i) dk[i] = dv[i] = 0.f;
+  ColumnBounds cb[2];
+  int cur_hm = -1, cur_h = -1, hm = 0;
+  int64_t head_off = 0;
+  // Operand descriptors, built once; a tile's operands are these moved by constant byte offsets.
+  const SmemDesc dsc_k = smem_desc(sm.sK, 16, 1024);  // A of S^T: K [keys][head dim], K-major
+  const SmemDesc dsc_v = smem_desc(sm.sV, 16, 1024);
+  const SmemDesc dsc_q = smem_desc(sm.sQ + cw * kQw * 128, 16, 1024);  // B of S^T: this warpgroup's queries
+  const SmemDesc dsc_do = smem_desc(sm.sdO + cw * kQw * 128, 16, 1024);
+  const SmemDesc dsc_ds = smem_desc(sm.sdS, 16, 1024);  // dS^T / P^T [keys][queries]: A of dK, dV (K-major), dQ (MN-major)
+  const SmemDesc dsc_q_mn = smem_desc(sm.sQ + cw * 2 * kBlockM * 128, kBlockM * 128, 1024);  // B of dK: this warpgroup's columns
+  const SmemDesc dsc_do_mn = smem_desc(sm.sdO + cw * 2 * kBlockM * 128, kBlockM * 128, 1024);
+  const SmemDesc dsc_k_mn = smem_desc(sm.sK + cw * 2 * kBlockN * 128, kBlockN * 128, 1024);  // B of dQ
+
+  int dq_count = 0;
+  // This warpgroup's 64 x 128 part of the dQ tile (two 64 x 64 sub-tiles of the workspace, in
+  // accumulator order, bwd::dq_tile_offset) to shared memory for the writer warp.
+  auto write_dq = [&](const float (&dq)[kCols / 2], int64_t off) {
+    if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
+    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqWgFloats + wq * 8 * 128 + lane * 4;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j)
+      *reinterpret_cast<float4*>(dst + (j / 8) * 4096 + (j % 8) * 128) =
+          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    fence_proxy_async();  // read by the bulk reduction (async proxy)
+    if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = off;
+    mbar_arrive(sm.bar_dq_full);
+    ++dq_count;
+  };
+
+  mbar_wait(sm.bar_kv, 0);
+  int stage = 0, phase = 0;
+  for (;;) {
+    mbar_wait(sm.bar_full + 8 * stage, phase);
+    const int entry = sm.entry[stage];
+    if (entry < 0) break;
+    const int h = sm.head[stage];
+    const int m0 = BlockEntry::block(entry) * kBlockM;
+    const bool partial = BlockEntry::partial(entry);
+    if (h != cur_h) {  // per-head values, once per head
+      cur_h = h;
+      hm = bwd::mask_head(a, h);
+      head_off = (static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride;
+    }
+    if (partial && hm != cur_hm) {  // the two key columns' bounds, once per mask head
+      const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
+      const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        cb[r] = column_bounds(sri, n0 + key_local + 8 * r, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal,
+                              causal_offset);
+      cur_hm = hm;
+    }
+    const uint32_t qoff = stage * Tr::kQBytes;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries.
+    float s[kS], dp[kS];
+    gmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
+      gmma_ss<T, kQw>(dsc_k.at((ks / 4) * kBlockN * 128 + off), dsc_q.at(qoff + (ks / 4) * kBlockM * 128 + off), s,
+                      ks > 0);
+    }
+    gmma_commit();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t off = (ks % 4) * 32;
+      gmma_ss<T, kQw>(dsc_v.at((ks / 4) * kBlockN * 128 + off), dsc_do.at(qoff + (ks / 4) * kBlockM * 128 + off), dp,
+                      ks > 0);
+    }
+    gmma_commit();
+    // This thread's queries: ql = 32 cw + 8 j + 2t + c (accumulator s[4 j + 2 r + c], key key_local + 8 r).
+    const float* lse_t = sm.lse + stage * kBlockM + cw * kQw;
+    const float* delta_t = sm.delta + stage * kBlockM + cw * kQw;
+    float2 l2[kQw / 8], dlt[kQw / 8];
+#pragma unroll
+    for (int j = 0; j < kQw / 8; ++j) l2[j] = *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t);
+    gmma_wait<1>();
+    fence_regs(s);
+    auto softmax = [&](auto masked) {
+#pragma unroll
+      for (int j = 0; j < kQw / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float lse2 = c == 0 ? l2[j].x : l2[j].y;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int i = j * 4 + 2 * r + c;
+            float p = fast_exp2(s[i] * a.scale_log2 - lse2);  // lse2 = +inf (empty row, padding): 0
+            if constexpr (decltype(masked)::value) {
+              if (row_masked(cb[r], m0 + cw * kQw + j * 8 + 2 * t + c)) p = 0.f;
+            }
+            s[i] = p;
+          }
+        }
+    };
+    if (partial)
+      softmax(std::true_type{});
+    else
+      softmax(std::false_type{});
+#pragma unroll
+    for (int j = 0; j < kQw / 8; ++j) dlt[j] = *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
+    gmma_wait<0>();
+    fence_regs(dp);
+#pragma unroll
+    for (int j = 0; j < kQw / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float dl = c == 0 ? dlt[j].x : dlt[j].y;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = j * 4 + 2 * r + c;
+          dp[i] = s[i] * (dp[i] - dl);
+        }
+      }
+    // Both warpgroups have read the buffer for the previous tile (each waited for its products
+    // before coming here); then this warpgroup's halves of dS^T and P^T: rows key_local (+8), 16-byte
+    // chunk 4 cw + j of the 128-byte row, XOR-swizzled by (key % 8) as TMA would write it.
+    named_barrier_sync(7, 128 * Tr::kConsumerWGs);
+    unsigned char* ds_dst = sm.base + Tr::kOffdS;
+#pragma unroll
+    for (int j = 0; j < kQw / 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = key_local + 8 * r, chunk = cw * (kQw / 8) + j;
+        const int off = row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t;
+        *reinterpret_cast<uint32_t*>(ds_dst + off) = Mma<T>::pack(dp[j * 4 + 2 * r], dp[j * 4 + 2 * r + 1]);
+        *reinterpret_cast<uint32_t*>(ds_dst + kPtOff + off) = Mma<T>::pack(s[j * 4 + 2 * r], s[j * 4 + 2 * r + 1]);
+      }
+    fence_proxy_async();                                   // the stores above are read by WGMMA (async proxy)
+    named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves written
+
+    // dV += P^T dO and dK += dS^T Q (k16 step = 16 queries: 32 bytes along the rows of P^T / dS^T,
+    // 16 rows of dO / Q); then dQ = dS K (k16 step = 16 keys: 16 rows of dS^T and K).
+    gmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / 16; ++ks)
+      gmma_ss_kmn<T, kCols>(dsc_ds.at(kPtOff + ks * 32), dsc_do_mn.at(qoff + ks * 2048), dv, true);
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / 16; ++ks)
+      gmma_ss_kmn<T, kCols>(dsc_ds.at(ks * 32), dsc_q_mn.at(qoff + ks * 2048), dk, true);
+    gmma_commit();
+    float dq[kCols / 2];
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks) gmma_ss_mn<T, kCols>(dsc_ds.at(ks * 2048), dsc_k_mn.at(ks * 2048), dq, ks > 0);
+    gmma_commit();
+    gmma_wait<1>();  // dV, dK done: Q, dO, lse2, delta of this stage are no longer read
+    fence_regs(dk);
+    fence_regs(dv);
+    mbar_arrive(sm.bar_empty + 8 * stage);
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+    gmma_wait<0>();
+    fence_regs(dq);
+    write_dq(dq, (head_off + m0) * kHeadDim);
+  }
+
+  // End of the dQ stream.
+  if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
+  if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = -1;
+  mbar_arrive(sm.bar_dq_full);
+
+  bwd_epilogue<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
+}
+
+}  // namespace fm3::hopper::sm90
