@@ -92,7 +92,9 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   if (args.dq_semaphore == nullptr) {  // key blocks of one head side by side: they share its Q and dO in L2
-    kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
+    BwdArgs dflt = args;  // benchmark knob: FM3_BWD_DESCENDING=1 walks the query tiles from the last
+    dflt.descending = env_is("FM3_BWD_DESCENDING", "1");
+    kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(dflt, mq, mk, mv,
                                                                                                     mdo);
   } else {
     // Deterministic: each key block adds its dQ parts after the previous one of its head, so with
