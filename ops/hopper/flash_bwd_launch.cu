@@ -92,7 +92,9 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   if (args.dq_semaphore == nullptr) {  // key blocks of one head side by side: they share its Q and dO in L2
-    kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
+    BwdArgs dflt = args;  // benchmark knob: FM3_BWD_DESCENDING=1 walks the query tiles from the last
+    dflt.descending = env_is("FM3_BWD_DESCENDING", "1");
+    kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(dflt, mq, mk, mv,
                                                                                                     mdo);
   } else {
     // Deterministic: each key block adds its dQ parts after the previous one of its head, so with
@@ -105,8 +107,15 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
     const int64_t n = static_cast<int64_t>(args.batch) * args.mask_heads * n_mtiles;
     sm90::dq_chain_start_kernel<BM, BN>
         <<<static_cast<unsigned>((n + 127) / 128), 128, 0, stream>>>(args, n_mtiles, n_kblocks, n);
-    kernel<<<dim3(args.num_heads_k * args.batch, n_kblocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
-                                                                                                    mdo);
+    // Benchmark knobs while the order is being chosen (BENCHMARKS.md): FM3_DET_KEY_GROUP key blocks
+    // of a (batch, kv head) side by side (default 1), FM3_DET_ASCENDING=1 for the query tiles in
+    // ascending order (default descending: the key blocks then reach a tile in their order).
+    BwdArgs det = args;
+    const char* group = std::getenv("FM3_DET_KEY_GROUP");
+    det.det_key_group = group != nullptr && std::atoi(group) > 0 ? std::atoi(group) : 1;
+    det.descending = !env_is("FM3_DET_ASCENDING", "1");
+    kernel<<<static_cast<unsigned>(static_cast<int64_t>(n_kblocks) * args.num_heads_k * args.batch), Tr::kThreads,
+             Tr::kSmemBytes, stream>>>(det, mq, mk, mv, mdo);
   }
   FM3_CUDA_CHECK(cudaGetLastError());
   return launch_dq<T, D, kMmaSyncBlockM, BN>(args, /*deterministic=*/false, true, stream, err, err_len);

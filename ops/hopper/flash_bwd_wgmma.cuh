@@ -53,10 +53,18 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     blk.nb = blockIdx.x;
     blk.hk = blockIdx.y;
     blk.b = blockIdx.z;
-  } else {  // deterministic: (batch, kv head) varies fastest (launch_wgmma says why)
-    blk.nb = blockIdx.y;
-    blk.hk = blockIdx.x % a.num_heads_k;
-    blk.b = blockIdx.x / a.num_heads_k;
+  } else {  // deterministic: groups of det_key_group key blocks, (batch, kv head) next (launch_wgmma says why)
+    const int bh_count = a.num_heads_k * a.batch, n_kblocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
+    const int g = a.det_key_group;
+    const int64_t linear = blockIdx.x;
+    const int nb_base = static_cast<int>(min(linear / (static_cast<int64_t>(g) * bh_count),
+                                             static_cast<int64_t>((n_kblocks - 1) / g))) * g;
+    const int gs = min(g, n_kblocks - nb_base);  // the last group may be short
+    const int r = static_cast<int>(linear - static_cast<int64_t>(nb_base) * bh_count);
+    const int bh = r / gs;
+    blk.nb = nb_base + r % gs;
+    blk.hk = bh % a.num_heads_k;
+    blk.b = bh / a.num_heads_k;
   }
   blk.n0 = blk.nb * kBlockN;
   blk.group = a.num_heads / a.num_heads_k;
