@@ -21,10 +21,10 @@
 #include <type_traits>
 
 #include "attn_args.h"     // BwdArgs
+#include "bwd/consumer_ring.cuh"
 #include "bwd/epilogue.cuh"
 #include "bwd/traits.cuh"
-#include "bwd_common.cuh"  // mask_head
-#include "fm3/mask.h"      // BlockEntry, ColumnBounds, column_bounds, row_masked
+#include "fm3/mask.h"      // ColumnBounds, row_masked
 #include "sm90_primitives.cuh"
 #include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
 
@@ -38,7 +38,6 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
                                              const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
                                              const BwdBlock& blk, int tid, int warp, int lane, int wg) {
   using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
-  const int b = blk.b, n0 = blk.n0, causal_offset = blk.causal_offset;
   const int cw = wg - 1;   // consumer warpgroup: keys [cw * 64, cw * 64 + 64) of the block
   const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
   const int g = lane / 4, t = lane % 4;
@@ -47,9 +46,7 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
   float dk[kD], dv[kD];
 #pragma unroll
   for (int i = 0; i < kD; ++i) dk[i] = dv[i] = 0.f;
-  ColumnBounds cb[2];
-  int cur_hm = -1, cur_h = -1, hm = 0;
-  int64_t head_off = 0;
+  BwdConsumerRing<Tr> ring;
   // Operand descriptors, built once; a tile's operands are these moved by constant byte offsets.
   const SmemDesc dsc_k = smem_desc(sm.sK + cw * 64 * 128, 16, 1024);  // this warpgroup's keys (S^T A operand)
   const SmemDesc dsc_v = smem_desc(sm.sV + cw * 64 * 128, 16, 1024);
@@ -76,42 +73,23 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
   // This warpgroup's 64 x 64 part of the dQ tile at workspace offset `off` to shared memory in
   // accumulator order (bwd::dq_tile_offset), once the writer has read the previous tile's; the
   // writer warp adds it to the workspace.
-  int dq_count = 0;
   auto write_dq = [&](const float (&dq)[32], int64_t off) {
-    if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
+    ring.wait_dq_buffer(sm);
     float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqWgFloats + wq * 8 * 128 + lane * 4;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     fence_proxy_async();  // read by the bulk reduction (async proxy)
-    if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = off;
-    mbar_arrive(sm.bar_dq_full);
-    ++dq_count;
+    ring.hand_dq(sm, off, cw == 0 && wq == 0 && lane == 0);
   };
 
   mbar_wait(sm.bar_kv, 0);
-  int stage = 0, phase = 0, iter = 0;
-  for (;; ++iter) {
-    mbar_wait(sm.bar_full + 8 * stage, phase);
-    const int entry = sm.entry[stage];
-    if (entry < 0) break;
-    const int h = sm.head[stage];
-    const int m0 = BlockEntry::block(entry) * kBlockM;
-    const bool partial = BlockEntry::partial(entry);
-    if (h != cur_h) {  // per-head values, once per head (the division stays out of the tile loop)
-      cur_h = h;
-      hm = bwd::mask_head(a, h);
-      head_off = (static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride;
-    }
-    if (partial && hm != cur_hm) {  // the two key columns' bounds, once per mask head
-      const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
-      const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        cb[r] = column_bounds(sri, n0 + key_local + 8 * r, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal,
-                              causal_offset);
-      cur_hm = hm;
-    }
+  for (int iter = 0;; ++iter) {
+    int m0;
+    bool partial;
+    if (!ring.next(a, sm, blk, key_local, m0, partial)) break;
+    const int stage = ring.stage;
+    const ColumnBounds* cb = ring.cb;
     const uint32_t qoff = stage * Tr::kQBytes;  // this stage's Q and dO
 
     // S^T = K Q^T and dP^T = V dO^T: 64 keys x kBlockM queries each.
@@ -225,23 +203,17 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     gmma_commit();
     gmma_wait<1>();  // dQ done; dK runs while dQ is stored
     fence_regs(dq);
-    write_dq(dq, (head_off + m0) * kHeadDim);
+    write_dq(dq, (ring.head_off + m0) * kHeadDim);
     gmma_wait<0>();
     fence_regs(dk);
     fence_regs(dv);
     fence_regs(pp);
     fence_regs(pds);
-    mbar_arrive(sm.bar_empty + 8 * stage);  // Q, dO, lse2, delta of this stage are no longer read
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    ring.release(sm);  // Q, dO, lse2, delta of this stage are no longer read
   }
 
-  // End of the dQ stream.
-  if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
-  if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = -1;
-  mbar_arrive(sm.bar_dq_full);
+  ring.wait_dq_buffer(sm);  // the end of the dQ stream
+  ring.hand_dq(sm, -1, cw == 0 && wq == 0 && lane == 0);
 
   bwd_epilogue<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
 }

@@ -17,10 +17,10 @@
 #include <type_traits>
 
 #include "attn_args.h"  // BwdArgs
+#include "bwd/consumer_ring.cuh"
 #include "bwd/epilogue.cuh"
 #include "bwd/traits.cuh"
-#include "bwd_common.cuh"  // mask_head
-#include "fm3/mask.h"      // BlockEntry, ColumnBounds, column_bounds, row_masked
+#include "fm3/mask.h"      // ColumnBounds, row_masked
 #include "sm90_primitives.cuh"
 #include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
 
@@ -36,7 +36,6 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
   constexpr int kS = kQw / 2;        // S^T / dP^T accumulators per thread (64 x 32)
   constexpr int kCols = Tr::kDkCols;  // dK / dV / dQ columns per warpgroup (128)
   constexpr int kPtOff = kBlockN * kBlockM * 2;  // P^T after dS^T in the buffer
-  const int b = blk.b, n0 = blk.n0, causal_offset = blk.causal_offset;
   const int cw = wg - 1;
   const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
   const int g = lane / 4, t = lane % 4;
@@ -44,9 +43,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
   float dk[Tr::kDkRegs], dv[Tr::kDkRegs];
 #pragma unroll
   for (int i = 0; i < Tr::kDkRegs; ++i) dk[i] = dv[i] = 0.f;
-  ColumnBounds cb[2];
-  int cur_hm = -1, cur_h = -1, hm = 0;
-  int64_t head_off = 0;
+  BwdConsumerRing<Tr> ring;
   // Operand descriptors, built once; a tile's operands are these moved by constant byte offsets.
   const SmemDesc dsc_k = smem_desc(sm.sK, 16, 1024);  // A of S^T: K [keys][head dim], K-major
   const SmemDesc dsc_v = smem_desc(sm.sV, 16, 1024);
@@ -57,45 +54,26 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
   const SmemDesc dsc_do_mn = smem_desc(sm.sdO + cw * 2 * kBlockM * 128, kBlockM * 128, 1024);
   const SmemDesc dsc_k_mn = smem_desc(sm.sK + cw * 2 * kBlockN * 128, kBlockN * 128, 1024);  // B of dQ
 
-  int dq_count = 0;
   // This warpgroup's 64 x 128 part of the dQ tile (two 64 x 64 sub-tiles of the workspace, in
   // accumulator order, bwd::dq_tile_offset) to shared memory for the writer warp.
   auto write_dq = [&](const float (&dq)[kCols / 2], int64_t off) {
-    if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
+    ring.wait_dq_buffer(sm);
     float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqWgFloats + wq * 8 * 128 + lane * 4;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j)
       *reinterpret_cast<float4*>(dst + (j / 8) * 4096 + (j % 8) * 128) =
           make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     fence_proxy_async();  // read by the bulk reduction (async proxy)
-    if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = off;
-    mbar_arrive(sm.bar_dq_full);
-    ++dq_count;
+    ring.hand_dq(sm, off, cw == 0 && wq == 0 && lane == 0);
   };
 
   mbar_wait(sm.bar_kv, 0);
-  int stage = 0, phase = 0;
   for (;;) {
-    mbar_wait(sm.bar_full + 8 * stage, phase);
-    const int entry = sm.entry[stage];
-    if (entry < 0) break;
-    const int h = sm.head[stage];
-    const int m0 = BlockEntry::block(entry) * kBlockM;
-    const bool partial = BlockEntry::partial(entry);
-    if (h != cur_h) {  // per-head values, once per head
-      cur_h = h;
-      hm = bwd::mask_head(a, h);
-      head_off = (static_cast<int64_t>(b) * a.num_heads + h) * a.lse_stride;
-    }
-    if (partial && hm != cur_hm) {  // the two key columns' bounds, once per mask head
-      const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
-      const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        cb[r] = column_bounds(sri, n0 + key_local + 8 * r, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal,
-                              causal_offset);
-      cur_hm = hm;
-    }
+    int m0;
+    bool partial;
+    if (!ring.next(a, sm, blk, key_local, m0, partial)) break;
+    const int stage = ring.stage;
+    const ColumnBounds* cb = ring.cb;
     const uint32_t qoff = stage * Tr::kQBytes;
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries.
@@ -193,20 +171,14 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     gmma_wait<1>();  // dV, dK done: Q, dO, lse2, delta of this stage are no longer read
     fence_regs(dk);
     fence_regs(dv);
-    mbar_arrive(sm.bar_empty + 8 * stage);
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    ring.release(sm);
     gmma_wait<0>();
     fence_regs(dq);
-    write_dq(dq, (head_off + m0) * kHeadDim);
+    write_dq(dq, (ring.head_off + m0) * kHeadDim);
   }
 
-  // End of the dQ stream.
-  if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
-  if (cw == 0 && wq == 0 && lane == 0) *sm.dq_off = -1;
-  mbar_arrive(sm.bar_dq_full);
+  ring.wait_dq_buffer(sm);  // the end of the dQ stream
+  ring.hand_dq(sm, -1, cw == 0 && wq == 0 && lane == 0);
 
   bwd_epilogue<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
 }
