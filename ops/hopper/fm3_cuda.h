@@ -34,7 +34,8 @@ int fm3_cuda_block_n(int head_dim);
  * softmax_lse (natural log, as fm3_cuda_fwd writes it) and the mask; dout, dq,
  * dk, dv are device pointers sharing out's, q's, k's, v's strides. dq, dk, dv
  * are fully written (0 where no visible pair contributes). deterministic != 0
- * computes dQ in a row-parallel pass without atomics (bitwise repeatable). The
+ * makes dQ bitwise repeatable: each query tile's fp32 sum is formed in key-block
+ * order (the mma.sync fallback: a row-parallel pass without atomics). The
  * workspace (fp32 dQ accumulator, row statistics, block summary) is allocated
  * stream-ordered and freed on p->fwd.stream. */
 int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);

@@ -139,8 +139,8 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
     (Wang et al., arXiv:2410.01359, section 4.2): fully masked (query tile, key block) pairs are
     never loaded, partial ones are masked per element, dK/dV accumulate on chip (summed over the
     query heads of a GQA group), dQ accumulates in fp32 by bulk reductions into a workspace (the
-    FlashAttention-3 backward, Shah et al., 2024; or, with ``deterministic=True``, in a row-parallel
-    pass without atomics, bitwise repeatable).
+    FlashAttention-3 backward, Shah et al., 2024; with ``deterministic=True`` each query tile's sum
+    is formed in key-block order, bitwise repeatable).
 
     Args:
         q, k, v, startend_row_indices, causal, softmax_scale, window_size, block_mask, stream: as
