@@ -111,6 +111,8 @@ def flashmask_attention(
             must not overflow: a scale above ``float32 max / log2(e)`` is a ValueError, and so
             (checked in dynamic mode, for scales above 1) is one where
             ``softmax_scale * log2(e) * head_dim * max|q| * max|k|`` passes float32's maximum.
+            As in FlashAttention, the backward recomputes the probabilities from the float32
+            log-sum-exp, so scores of magnitude ~1e5 and beyond lose gradient accuracy.
         block_mask: optional int32 ``[batch, H_mask, ceil(seqlen_q/128),
             ceil(seqlen_k/128)]``, 1 = keep the 128x128 block, 0 = mask it; AND-ed
             with ``startend_row_indices`` (which it requires).
@@ -172,6 +174,10 @@ def flashmask_attention(
     else:
         if startend_row_indices is None:  # nothing masked beyond the causal triangle
             startend_row_indices = _unmasked(seqlen_q, seqlen_k, batch, causal, query.place)
+        if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
+            # Paddle records a backward for a custom op whatever the grad mode; built-in ops do
+            # not under paddle.no_grad(), and neither should this one (nor keep q, k, v alive).
+            query, key, value = query.detach(), key.detach(), value.detach()
         out, softmax_lse = ops.fm3_flashmask_attention(
             query, key, value, startend_row_indices, block_mask, scale, causal)
     outputs = [out]

@@ -270,3 +270,31 @@ def test_to_static_unknown_dims_that_must_be_static(spec_sri, kw, match):
     args = (q, q, q) + ((paddle.full([1, 1, 16, 1], 16, "int32"),) if spec_sri else ())
     with pytest.raises(ValueError, match=match):
         sf(*args)
+
+
+def test_no_grad_records_no_backward():
+    """Under paddle.no_grad() the output carries no gradient (Paddle records a backward for a custom
+    op in any grad mode; the built-in ops do not, and q, k, v must not be kept alive by it)."""
+    q, k, v = qkv()
+    with paddle.no_grad():
+        out = fm3.flashmask_attention(q, k, v, causal=True)
+    assert out.stop_gradient
+    assert not fm3.flashmask_attention(q, k, v, causal=True).stop_gradient  # grad mode back on
+
+
+def test_second_backward_without_retain_graph_says_so():
+    q, k, v = qkv()
+    out = fm3.flashmask_attention(q, k, v, causal=True)
+    out.sum().backward()
+    with pytest.raises(Exception, match="retain_graph=True"):
+        out.sum().backward()
+    out = fm3.flashmask_attention(q, k, v, causal=True)
+    out.sum().backward(retain_graph=True)
+    out.sum().backward()  # through the graph twice, as asked
+
+
+def test_nan_inputs_with_a_scale_above_one_are_not_blamed_on_the_scale():
+    q, k, v = qkv(grad=False)
+    q[0, 5, 0, 0] = float("nan")
+    out = fm3.flashmask_attention(q, k, v, causal=True, softmax_scale=2.0).numpy()
+    assert np.isnan(out[0, 5]).any()  # the NaN propagates to its row, as in Paddle

@@ -196,6 +196,13 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
     return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
             paddle::full(v.shape(), 0, v.dtype(), v.place())};
   }
+  // A second backward through a graph that the first one freed does not get the forward's saved
+  // tensors back (Paddle 3.3 hands other tensors in their places, e.g. a float one for the mask).
+  FM3_CHECK_ARG(startend_row_indices.dtype() == paddle::DataType::INT32 &&
+                    softmax_lse.dtype() == paddle::DataType::FLOAT32 && out.shape() == q.shape(),
+                "the backward of fm3_flashmask_attention did not get the tensors its forward saved, as on a "
+                "second backward through a graph that an earlier backward freed: to go through the graph "
+                "twice, run the first backward with retain_graph=True");
   auto dq = new_output(q.shape(), q.dtype(), q.place());
   auto dk = new_output(k.shape(), k.dtype(), k.place());
   auto dv = new_output(v.shape(), v.dtype(), v.place());
