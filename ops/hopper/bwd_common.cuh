@@ -38,6 +38,16 @@ __device__ __forceinline__ TileClass classify_pair(const BlockSummary& s, const 
                         seqlen_k, causal, causal_offset);
 }
 
+// Whether key block nb (of block_n keys) adds to query tile [m0, m0 + block_m) of (batch, mask head)
+// bhm, by the rule the producer skips tiles with (classify_pair over the block's summary); bm: that
+// head's block_mask or nullptr; causal_offset: seqlen_k - seqlen_q. The deterministic dQ order (bwd/dq_writer.cuh) chains these blocks.
+__device__ __forceinline__ bool adds_to_tile(const BwdArgs& a, int64_t bhm, const int32_t* bm, int m0, int block_m,
+                                             int nb, int block_n, int n_kblocks, int causal_offset) {
+  const BlockSummary summ = a.summary ? a.summary[bhm * n_kblocks + nb] : no_mask_summary(a.seqlen_q);
+  return classify_pair(summ, bm, a.bm_cols, m0, block_m, nb * block_n, block_n, a.seqlen_q, a.seqlen_k, a.causal,
+                       causal_offset) != kFullyMasked;
+}
+
 __device__ __forceinline__ int mask_head(const BwdArgs& a, int h) {
   const int hk = h / (a.num_heads / a.num_heads_k);
   return a.mask_heads == 1 ? 0 : (a.mask_heads == a.num_heads ? h : hk);

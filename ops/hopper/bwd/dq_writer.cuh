@@ -15,7 +15,7 @@
 
 #include "attn_args.h"  // BwdArgs
 #include "bwd/traits.cuh"
-#include "bwd_common.cuh"  // classify_pair, mask_head, no_mask_summary (mask_scheduler.cuh)
+#include "bwd_common.cuh"  // adds_to_tile, mask_head
 #include "sm90_primitives.cuh"
 
 namespace fm3::hopper::sm90 {
@@ -38,13 +38,8 @@ __device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSm
       const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
       const int first = a.dq_chain_start[bhm * blk.n_mtiles + m0 / Tr::kTileM];  // <= blk.nb
       int prev = blk.nb - 1;
-      for (; prev >= first; --prev) {
-        const BlockSummary summ =
-            a.summary ? a.summary[bhm * blk.n_kblocks + prev] : no_mask_summary(a.seqlen_q);
-        if (bwd::classify_pair(summ, bm, a.bm_cols, m0, Tr::kTileM, prev * Tr::kTileN, Tr::kTileN, a.seqlen_q,
-                               a.seqlen_k, a.causal, blk.causal_offset) != kFullyMasked)
-          break;
-      }
+      for (; prev >= first; --prev)
+        if (bwd::adds_to_tile(a, bhm, bm, m0, Tr::kTileM, prev, Tr::kTileN, blk.n_kblocks, blk.causal_offset)) break;
       if (prev >= first)
         while (ld_acquire_gpu(sem) != prev + 1) __nanosleep(64);
       fence_proxy_async_global();  // the reductions below come after the predecessor's
@@ -85,12 +80,8 @@ __global__ void __launch_bounds__(128)
   const int m0 = static_cast<int>(i % n_mtiles) * kTileM;
   const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
   int nb = 0;
-  for (; nb < n_kblocks; ++nb) {
-    const BlockSummary summ = a.summary ? a.summary[bhm * n_kblocks + nb] : no_mask_summary(a.seqlen_q);
-    if (bwd::classify_pair(summ, bm, a.bm_cols, m0, kTileM, nb * kTileN, kTileN, a.seqlen_q, a.seqlen_k, a.causal,
-                           a.seqlen_k - a.seqlen_q) != kFullyMasked)
-      break;
-  }
+  for (; nb < n_kblocks; ++nb)
+    if (bwd::adds_to_tile(a, bhm, bm, m0, kTileM, nb, kTileN, n_kblocks, a.seqlen_k - a.seqlen_q)) break;
   a.dq_chain_start[i] = nb;
 }
 
