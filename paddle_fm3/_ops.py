@@ -11,6 +11,7 @@ from __future__ import annotations
 import pathlib
 import types
 
+import paddle
 from paddle.utils.cpp_extension import extension_utils as _eu
 
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -33,4 +34,14 @@ def _load() -> types.SimpleNamespace:
 
 ops = _load()
 
-__all__ = ["ops"]
+
+def attention_forward(q, k, v, startend_row_indices, block_mask, softmax_scale: float, causal: bool):
+    """``ops.fm3_flashmask_attention`` (same arguments, returns ``[out, softmax_lse]``), recording no
+    backward when the grad mode is off: Paddle records one for a custom op whatever the mode (the
+    built-in ops do not), which would keep q, k, v alive, e.g. inside a PyLayer's forward."""
+    if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
+        q, k, v = q.detach(), k.detach(), v.detach()
+    return ops.fm3_flashmask_attention(q, k, v, startend_row_indices, block_mask, softmax_scale, causal)
+
+
+__all__ = ["ops", "attention_forward"]

@@ -9,7 +9,7 @@ import paddle
 
 from . import _validation as V
 from . import masks
-from ._ops import ops
+from ._ops import attention_forward
 
 
 def _unmasked(seqlen_q, seqlen_k, batch, causal, place):
@@ -174,12 +174,7 @@ def flashmask_attention(
     else:
         if startend_row_indices is None:  # nothing masked beyond the causal triangle
             startend_row_indices = _unmasked(seqlen_q, seqlen_k, batch, causal, query.place)
-        if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
-            # Paddle records a backward for a custom op whatever the grad mode; built-in ops do
-            # not under paddle.no_grad(), and neither should this one (nor keep q, k, v alive).
-            query, key, value = query.detach(), key.detach(), value.detach()
-        out, softmax_lse = ops.fm3_flashmask_attention(
-            query, key, value, startend_row_indices, block_mask, scale, causal)
+        out, softmax_lse = attention_forward(query, key, value, startend_row_indices, block_mask, scale, causal)
     outputs = [out]
     if return_softmax_lse:
         softmax_lse.stop_gradient = True  # no gradient flows back through the lse (as in Paddle's op)

@@ -298,3 +298,12 @@ def test_nan_inputs_with_a_scale_above_one_are_not_blamed_on_the_scale():
     q[0, 5, 0, 0] = float("nan")
     out = fm3.flashmask_attention(q, k, v, causal=True, softmax_scale=2.0).numpy()
     assert np.isnan(out[0, 5]).any()  # the NaN propagates to its row, as in Paddle
+
+
+def test_cp_backend_forward_in_a_pylayer_records_no_backward():
+    """The CP PyLayer runs its forward with grad off; the op inside must not record a backward either."""
+    q, k, v = qkv()
+    mask = fm3dist.executor.PaddleAttention().prepare_mask(np.full([1, 1, 16, 2], [16, 16], np.int32), 16)
+    with paddle.no_grad():
+        out, lse = fm3dist.executor.PaddleAttention().fwd(q, k, v, mask, 0.35)
+    assert out.stop_gradient and lse.stop_gradient

@@ -13,7 +13,7 @@ import paddle
 from paddle.autograd import PyLayer
 
 from .. import _validation as V
-from .._ops import ops
+from .._ops import attention_forward, ops
 from . import step
 from .plan import CPPlan
 
@@ -30,7 +30,7 @@ class PaddleAttention(step.AttentionBackend):
         return paddle.to_tensor(local_mask, dtype="int32", place=paddle.CPUPlace())
 
     def fwd(self, q, k, v, mask, scale):
-        return ops.fm3_flashmask_attention(q, k, v, mask, None, scale, False)
+        return attention_forward(q, k, v, mask, None, scale, False)  # in a PyLayer's forward: records no backward
 
     def bwd(self, q, k, v, out, lse, dout, mask, scale):
         return ops.fm3_flashmask_attention_bwd(q, k, v, mask, None, out, lse, dout, scale, False)
