@@ -49,8 +49,6 @@ struct BwdArgs : AttnArgs {
   // are formed in key-block order. nullptr: parts are added in any order.
   int32_t* dq_semaphore;   // [batch, num_heads, lse_stride / block_m], zeroed
   int32_t* dq_chain_start; // [batch, mask_heads, n_mtiles]: first key block adding to the tile (bwd/dq_writer.cuh)
-  int det_key_group;       // deterministic: key blocks of one (batch, kv head) launched side by side (launch_wgmma)
-  int descending;          // the producer walks the query tiles from the last (bwd/producer.cuh)
   int lse_stride;          // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
   float scale;             // softmax_scale
 };

@@ -92,30 +92,22 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
                                      static_cast<int>(Tr::kSmemBytes)));
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   if (args.dq_semaphore == nullptr) {  // key blocks of one head side by side: they share its Q and dO in L2
-    BwdArgs dflt = args;  // benchmark knob: FM3_BWD_DESCENDING=1 walks the query tiles from the last
-    dflt.descending = env_is("FM3_BWD_DESCENDING", "1");
-    kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(dflt, mq, mk, mv,
+    kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
                                                                                                     mdo);
   } else {
-    // Deterministic: each key block adds its dQ parts after the previous one of its head, so with
-    // the key blocks of a head side by side (as above) the k-th resident one runs k write latencies
-    // behind the first, and on document masks far more (measured D=128 S=32K: full 371, causal
-    // document 117 TFLOP/s). With (batch, kv head) varying fastest only a few key blocks of a head
-    // are resident at once (full 317, causal document 305), at the price of L2 reuse (hit rate 34%
-    // against 97%: dQ's fp32 sums no longer meet in L2). BENCHMARKS.md, deterministic mode.
+    // Deterministic: each key block adds its dQ parts after the previous one of its head. With all
+    // key blocks of a head side by side (as above) the k-th resident one runs k write latencies
+    // behind the first (measured D=128 S=32K: full 371, causal document 117 TFLOP/s); with (batch,
+    // kv head) varying fastest, dQ's fp32 sums no longer meet in L2 (hit rate 34% against 97%; full
+    // 317). Groups of sm90::kDetKeyGroup key blocks per (batch, kv head), with the query tiles walked
+    // from the last (bwd/producer.cuh), keep most of both (full 368, causal document 306).
+    // BENCHMARKS.md, deterministic mode.
     const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
     const int64_t n = static_cast<int64_t>(args.batch) * args.mask_heads * n_mtiles;
     sm90::dq_chain_start_kernel<BM, BN>
         <<<static_cast<unsigned>((n + 127) / 128), 128, 0, stream>>>(args, n_mtiles, n_kblocks, n);
-    // Benchmark knobs while the order is being chosen (BENCHMARKS.md): FM3_DET_KEY_GROUP key blocks
-    // of a (batch, kv head) side by side (default 1), FM3_DET_ASCENDING=1 for the query tiles in
-    // ascending order (default descending: the key blocks then reach a tile in their order).
-    BwdArgs det = args;
-    const char* group = std::getenv("FM3_DET_KEY_GROUP");
-    det.det_key_group = group != nullptr && std::atoi(group) > 0 ? std::atoi(group) : 1;
-    det.descending = !env_is("FM3_DET_ASCENDING", "1");
     kernel<<<static_cast<unsigned>(static_cast<int64_t>(n_kblocks) * args.num_heads_k * args.batch), Tr::kThreads,
-             Tr::kSmemBytes, stream>>>(det, mq, mk, mv, mdo);
+             Tr::kSmemBytes, stream>>>(args, mq, mk, mv, mdo);
   }
   FM3_CUDA_CHECK(cudaGetLastError());
   return launch_dq<T, D, kMmaSyncBlockM, BN>(args, /*deterministic=*/false, true, stream, err, err_len);

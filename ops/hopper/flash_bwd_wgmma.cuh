@@ -37,6 +37,10 @@
 
 namespace fm3::hopper::sm90 {
 
+// Deterministic mode launches the key blocks in groups of this many per (batch, kv head): side by
+// side they share Q and dO in L2, while the k-th waits k dQ writes behind the first (launch_wgmma).
+constexpr int kDetKeyGroup = 8;
+
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
     flash_bwd_wgmma_kernel(const __grid_constant__ bwd::BwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
@@ -53,9 +57,9 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     blk.nb = blockIdx.x;
     blk.hk = blockIdx.y;
     blk.b = blockIdx.z;
-  } else {  // deterministic: groups of det_key_group key blocks, (batch, kv head) next (launch_wgmma says why)
+  } else {  // deterministic: groups of kDetKeyGroup key blocks, (batch, kv head) next (launch_wgmma says why)
     const int bh_count = a.num_heads_k * a.batch, n_kblocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
-    const int g = a.det_key_group;
+    constexpr int g = kDetKeyGroup;
     const int64_t linear = blockIdx.x;
     const int nb_base = static_cast<int>(min(linear / (static_cast<int64_t>(g) * bh_count),
                                              static_cast<int64_t>((n_kblocks - 1) / g))) * g;

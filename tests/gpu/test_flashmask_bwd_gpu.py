@@ -299,10 +299,10 @@ def test_bad_arguments():
         kernels.flashmask_bwd(q.cpu(), k, v, out, lse, do, None, dq, dk, dv, causal=True)
 
 
-# The mma.sync (step-1) backward stays the kernel for head dim 256 and layouts TMA cannot describe;
-# FM3_BWD_KERNEL=mma_sync forces it, so it keeps being checked at the head dims WGMMA now serves.
+# The mma.sync (step-1) backward stays the kernel for layouts TMA cannot describe;
+# FM3_BWD_KERNEL=mma_sync forces it, so it keeps being checked at every head dim WGMMA serves.
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (256, "bf16")])
 def test_mma_sync_fallback(d, dtype, deterministic, monkeypatch):
     monkeypatch.setenv("FM3_BWD_KERNEL", "mma_sync")
     for i, family in enumerate(["causal", "document", "random_eviction", "global_sliding_window"]):

@@ -51,16 +51,15 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
       return bwd::classify_pair(summ, bm, a.bm_cols, mt * kBlockM, kBlockM, n0, kBlockN, a.seqlen_q, a.seqlen_k,
                                 a.causal, causal_offset);
     };
-    // Descending (deterministic mode): on causal and document masks the key blocks of a head then
-    // reach a query tile in the same step, so each waits for its predecessor's dQ part by one
-    // write only, not by the two tiles of the diagonal's offset.
-    const int n_windows = (n_mtiles + 31) / 32;
-    for (int w = 0; w < n_windows; ++w) {
-      const int first = (a.descending ? n_windows - 1 - w : w) * 32;
+    // The query tiles are walked from the last: on causal and document masks the key blocks of a
+    // head then reach a tile in the same step, so in deterministic mode each waits for its
+    // predecessor's dQ part by about one write, not by the diagonal's offset of two tiles per key
+    // block. Both modes walk the same way, so dK and dV are bitwise equal between them.
+    for (int first = (n_mtiles - 1) / 32 * 32; first >= 0; first -= 32) {
       const int count = compact_window<32, 1>(classify, first, n_mtiles, sm.list, sm.warp_counts);
-      for (int i = 0; i < count; ++i) {
+      for (int i = count - 1; i >= 0; --i) {
         if (lane == 0) {
-          const int entry = sm.list[a.descending ? count - 1 - i : i];
+          const int entry = sm.list[i];
           const int m0 = BlockEntry::block(entry) * kBlockM;
           mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
           sm.entry[stage] = entry;

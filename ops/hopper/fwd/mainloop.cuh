@@ -133,11 +133,6 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
   };
 
   RingCursor<kStages> ring, vring;
-  // Turns (Tr::kPingPong): warpgroup cw issues its products after a sync on named barrier 2 + cw and
-  // then hands the turn to the other one; the first warpgroup has the first turn.
-  if constexpr (Tr::kPingPong) {
-    if (cw == 0) named_barrier_arrive(2, 256);
-  }
   int tile = first_tile(sm, ring);
   for (int k = 0; tile < a.num_tiles; ++k) {
     const FwdTile x = sched.tile_at(a, tile);
@@ -215,11 +210,9 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
           mbar_wait(sm.bar_v_full + 8 * vring.stage, vring.phase);  // V_{i-1}: loaded a block ago
           fence_regs(o);
           fence_regs(p);
-          if constexpr (Tr::kPingPong) named_barrier_sync(2 + cw, 256);
           gmma_fence();
           issue_qk(s, ring.stage);
           issue_pv(p, vring.stage);
-          if constexpr (Tr::kPingPong) named_barrier_arrive(3 - cw, 256);
           gmma_wait<1>();  // S_i done, P_{i-1} V_{i-1} may still run
           fence_regs(s);
           softmax(s, entry, ring.stage, alpha);

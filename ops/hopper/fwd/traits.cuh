@@ -17,10 +17,6 @@ struct WgTraits {
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerThreads = 128;
   static constexpr int kDChunks = kHeadDim / 64;  // 128-byte swizzle sub-tiles along the head dim
-  // The overlapped consumers also take turns issuing their products (FlashAttention-3's warpgroup
-  // scheduler barrier: one warpgroup's products run while the other's softmax does), at head dims
-  // up to 128 as there (fwd/mainloop.cuh).
-  static constexpr bool kPingPong = kOverlap && kHeadDim <= 128 && kBlockM == 128;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA path: head dim 64, 128 or 256");
