@@ -137,6 +137,10 @@ def main():
 def compiled_flex(backends):
     """{backend: compiled flex_attention(q, k, v, block_mask)} for the FlexAttention backends asked for."""
     from torch.nn.attention.flex_attention import flex_attention
+    # The backward is timed by calling autograd.grad(retain_graph=True) repeatedly on one output; a
+    # compiled backward with donated buffers refuses that (it did from the second shape on).
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False
     fns = {}
     for fb in backends:
         opts = FLEX_KERNEL_OPTIONS[fb]
