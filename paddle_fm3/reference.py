@@ -123,6 +123,8 @@ def _prepare(q, k, v, startend_row_indices, causal, softmax_scale, block_mask):
     if softmax_scale is None:
         scale = d ** -0.5
     else:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating, np.integer)):
+            raise TypeError(f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}")
         scale = float(softmax_scale)
         if not np.isfinite(scale):
             raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")

@@ -321,6 +321,7 @@ def _qkv():
     (lambda q, k, v: (q.astype(bool), k, v, {}), TypeError, "q"),
     (lambda q, k, v: (q, k, v, {"causal": 1}), TypeError, "causal"),
     (lambda q, k, v: (q, k, v, {"softmax_scale": float("nan")}), ValueError, "softmax_scale"),
+    (lambda q, k, v: (q, k, v, {"softmax_scale": "a"}), TypeError, "softmax_scale"),
 ])
 def test_bad_arguments(mutate, exc, match):
     q, k, v, kw = mutate(*_qkv())
