@@ -9,12 +9,7 @@
 #   scripts/gpu_ab.sh
 # Each build folder holds a libfm3_cuda.so from scripts/gpu_build.sh (carry them, and
 # paddle_fm3/_config.py). Rows go to $OUT/<build>_r<round>.json.
-set -uo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
-OUT="${OUT:-$ROOT/.devout}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/gpu_env.sh"
 read -r -a builds <<< "${BUILDS:?BUILDS: the build folders to compare}"
 use() { cp "$1/libfm3_cuda.so" paddle_fm3/kernels/libfm3_cuda.so; }
 for b in ${TEST_BUILDS:-}; do  # GPU tests and compute-sanitizer: scripts/gpu_run.sh on that build

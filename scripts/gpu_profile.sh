@@ -7,12 +7,7 @@
 # Needs ncu; Flex FLASH needs FM3_EXTRA_SITE (../shared/tools/fa4_anchor.sh). LIB_DIR as gpu_run.sh.
 # The Flex FLASH side matches FlashAttention-4's main kernels by name (FlashAttention{Backward,Forward}Sm90);
 # it has not yet run since bench_attention's mask_mods were fixed for the FLASH backend.
-set -uo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
-OUT="${OUT:-$ROOT/.devout}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/gpu_env.sh"
 ARGS=${PROFILE_ARGS:---bwd --family full --seqlen 8192}
 case "$ARGS" in *--bwd*) OURS="regex:flash_bwd_wgmma"; PEER="regex:BackwardSm90" ;;
                 *) OURS="regex:flash_fwd_wgmma"; PEER="regex:ForwardSm90" ;; esac

@@ -7,13 +7,8 @@
 #   TESTS="-x -q tests/gpu" BENCH="--seqlens 32768 --head-dims 128" \
 #   BENCH_BWD="--total-tokens 32768 --seqlens 32768 --head-dims 128 --rep 3" scripts/gpu_run.sh
 # TESTS=none / SANITIZE=0 skip a stage; BENCH / BENCH_BWD unset skip the forward / backward benchmark.
-set -uo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
-OUT="${OUT:-$ROOT/.devout}"
+source "$(dirname "$0")/gpu_env.sh"
 LIB="${LIB_DIR:-$ROOT/.devbuild}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 [ -f "$LIB/libfm3_cuda.so" ] || scripts/gpu_build.sh "$LIB"
 scripts/build_dlpack_ext.sh "$LIB" 2>&1 | tail -1
 if [ "${TESTS:-}" != "none" ]; then
