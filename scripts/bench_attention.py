@@ -19,6 +19,11 @@ flex_triton and cudnn (null where a backend cannot run, with the reason under <b
 FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are 2.5x the forward's:
 
     python3 scripts/bench_attention.py --bwd --total-tokens 32768 --seqlens 32768 --head-dims 128
+
+Each call is timed alone (events around it, synchronized after it; median of --rep) unless
+--back-to-back times --rep calls launched without synchronizing (mean: the host's per-call work then
+overlaps the GPU's); --clocks adds each implementation's mean SM clock and board power (nvidia-smi)
+to the row as <name>_sm_mhz / <name>_power_w.
 """
 import argparse
 import json
@@ -39,19 +44,77 @@ HIDDEN = 4096
 FLEX_KERNEL_OPTIONS = {"flash": {"BACKEND": "FLASH"}, "triton": None}
 
 
+# How bench() times (set from the command line): per call between synchronizations (the default,
+# median; the GPU idles while the host prepares each call) or, with --back-to-back, the mean over
+# `rep` calls launched without synchronizing (the host's work overlaps the previous call's, as in
+# a training step). --clocks samples the SM clock and board power with nvidia-smi meanwhile.
+TIMING = {"back_to_back": False, "clocks": False}
+_last_clocks = None  # (SM MHz, watts) of the latest bench() under --clocks
+
+
+class ClockSampler:
+    """nvidia-smi's SM clock and power draw every 20 ms while the block runs; .result = means or None."""
+
+    def __init__(self, enabled):
+        self.enabled, self.proc, self.result = enabled, None, None
+
+    def __enter__(self):
+        if self.enabled:
+            import subprocess
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
+                                          "--format=csv,noheader,nounits", "-lms", "20"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        out, _ = self.proc.communicate()
+        samples = []
+        for line in out.splitlines():
+            try:
+                samples.append([float(x) for x in line.split(",")[:2]])
+            except ValueError:
+                continue
+        if samples:
+            self.result = tuple(float(x) for x in np.mean(samples, axis=0))
+
+
 def bench(fn, warmup=2, rep=8):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(rep):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return float(np.median(ts)) / 1e3  # seconds
+    """Seconds per call of fn (see TIMING)."""
+    global _last_clocks
+    with ClockSampler(TIMING["clocks"]) as clocks:
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        if TIMING["back_to_back"]:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(rep):
+                fn()
+            b.record()
+            b.synchronize()
+            t = a.elapsed_time(b) / rep / 1e3
+        else:
+            ts = []
+            for _ in range(rep):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                ts.append(a.elapsed_time(b))
+            t = float(np.median(ts)) / 1e3
+    _last_clocks = clocks.result
+    return t
+
+
+def record(row, name, value):
+    """row[name] = value (TFLOP/s), with the clocks of the bench() that produced it under --clocks."""
+    row[name] = value
+    if _last_clocks is not None:
+        row[name + "_sm_mhz"], row[name + "_power_w"] = (round(x, 1) for x in _last_clocks)
 
 
 def normalized_vectors(sri, causal, sq, device="cuda"):
@@ -115,7 +178,16 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="benchmark the backward (see the module doc)")
     ap.add_argument("--total-tokens", type=int, default=TOTAL, help="batch = total / S")
     ap.add_argument("--rep", type=int, default=8, help="timed repetitions (median reported)")
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="time --rep calls launched without synchronizing in between (mean), not each call alone")
+    ap.add_argument("--clocks", action="store_true",
+                    help="record the mean SM clock and power (nvidia-smi) while each implementation is timed")
     args = ap.parse_args()
+    TIMING.update(back_to_back=args.back_to_back, clocks=args.clocks)
+    if args.clocks:
+        import shutil
+        if shutil.which("nvidia-smi") is None:
+            ap.error("--clocks needs nvidia-smi on PATH")
     global torch
     try:
         import torch as torch_module
@@ -167,7 +239,7 @@ def family_mask(fam, s, b):
 def peer(row, name, fn):
     """row[name] = fn() (TFLOP/s), or None with the reason under name_error."""
     try:
-        row[name] = fn()
+        record(row, name, fn())
     except Exception as e:  # noqa: BLE001
         row[name] = None
         row[name + "_error"] = repr(e)[:300]
@@ -209,7 +281,7 @@ def main_fwd(args):
             sri = torch.from_numpy(sri_np).cuda()
             row = {"family": fam, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "density": pairs / (b * s * s)}
             t = bench(lambda: kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal), rep=args.rep)
-            row["fm3"] = flops / t / 1e12
+            record(row, "fm3", flops / t / 1e12)
             bn = kernels.block_n(d)
             summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
             ts = bench(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn))
@@ -260,8 +332,8 @@ def main_bwd(args):
             def fm3_bwd(det=False):
                 kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal, deterministic=det)
             kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
-            row["fm3"] = bwd_flops / bench(fm3_bwd, warmup=1, rep=rep) / 1e12
-            row["fm3_det"] = bwd_flops / bench(lambda: fm3_bwd(True), warmup=1, rep=rep) / 1e12
+            record(row, "fm3", bwd_flops / bench(fm3_bwd, warmup=1, rep=rep) / 1e12)
+            record(row, "fm3_det", bwd_flops / bench(lambda: fm3_bwd(True), warmup=1, rep=rep) / 1e12)
             if flex:
                 flex_mask.set_family(sri_np, causal)
                 bmask = flex_mask.block_mask()
