@@ -90,25 +90,14 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
   auto kernel = sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
-  const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
-  if (args.dq_semaphore == nullptr) {  // key blocks of one head side by side: they share its Q and dO in L2
-    kernel<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv,
-                                                                                                    mdo);
-  } else {
-    // Deterministic: each key block adds its dQ parts after the previous one of its head. With all
-    // key blocks of a head side by side (as above) the k-th resident one runs k write latencies
-    // behind the first (measured D=128 S=32K: full 371, causal document 117 TFLOP/s); with (batch,
-    // kv head) varying fastest, dQ's fp32 sums no longer meet in L2 (hit rate 34% against 97%; full
-    // 317). Groups of sm90::kDetKeyGroup key blocks per (batch, kv head), with the query tiles walked
-    // from the last (bwd/producer.cuh), keep most of both (full 368, causal document 306).
-    // BENCHMARKS.md, deterministic mode.
+  using Sched = sm90::BwdTileScheduler<BM, BN>;
+  if (args.dq_semaphore != nullptr) {  // deterministic: each tile's first contributing key block (bwd/dq_writer.cuh)
     const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
     const int64_t n = static_cast<int64_t>(args.batch) * args.mask_heads * n_mtiles;
     sm90::dq_chain_start_kernel<BM, BN>
-        <<<static_cast<unsigned>((n + 127) / 128), 128, 0, stream>>>(args, n_mtiles, n_kblocks, n);
-    kernel<<<static_cast<unsigned>(static_cast<int64_t>(n_kblocks) * args.num_heads_k * args.batch), Tr::kThreads,
-             Tr::kSmemBytes, stream>>>(args, mq, mk, mv, mdo);
+        <<<static_cast<unsigned>((n + 127) / 128), 128, 0, stream>>>(args, n_mtiles, Sched::key_blocks(args), n);
   }
+  kernel<<<Sched::grid(args), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv, mdo);
   FM3_CUDA_CHECK(cudaGetLastError());
   return launch_dq<T, D, kMmaSyncBlockM, BN>(args, /*deterministic=*/false, true, stream, err, err_len);
 }

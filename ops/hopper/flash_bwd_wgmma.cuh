@@ -10,6 +10,7 @@
 //   bwd/mainloop_split_d.cuh  the same at head dim 256: two warpgroups sharing the keys, splitting
 //                      the queries of S^T and the columns of dK, dV, dQ
 //   bwd/epilogue.cuh   dK and dV, staged in shared memory, written with 16-byte stores
+//   bwd/tile_scheduler.cuh  the key block of each CTA and the launch grid (default / deterministic order)
 //
 // One CTA = one (key block of kBlockN = 128 columns (64 at head dim 256), kv head, batch); 384
 // threads. Warpgroup 0, the producer (setmaxnreg down): warp 0 streams the surviving query tiles
@@ -32,14 +33,11 @@
 #include "bwd/mainloop.cuh"
 #include "bwd/mainloop_split_d.cuh"
 #include "bwd/producer.cuh"
+#include "bwd/tile_scheduler.cuh"
 #include "bwd/traits.cuh"
 #include "sm90_primitives.cuh"
 
 namespace fm3::hopper::sm90 {
-
-// Deterministic mode launches the key blocks in groups of this many per (batch, kv head): side by
-// side they share Q and dO in L2, while the k-th waits k dQ writes behind the first (launch_wgmma).
-constexpr int kDetKeyGroup = 8;
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
@@ -52,29 +50,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // broadcast: the compiler sees it warp-uniform
-  BwdBlock blk;
-  if (a.dq_semaphore == nullptr) {
-    blk.nb = blockIdx.x;
-    blk.hk = blockIdx.y;
-    blk.b = blockIdx.z;
-  } else {  // deterministic: groups of kDetKeyGroup key blocks, (batch, kv head) next (launch_wgmma says why)
-    const int bh_count = a.num_heads_k * a.batch, n_kblocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
-    constexpr int g = kDetKeyGroup;
-    const int64_t linear = blockIdx.x;
-    const int nb_base = static_cast<int>(min(linear / (static_cast<int64_t>(g) * bh_count),
-                                             static_cast<int64_t>((n_kblocks - 1) / g))) * g;
-    const int gs = min(g, n_kblocks - nb_base);  // the last group may be short
-    const int r = static_cast<int>(linear - static_cast<int64_t>(nb_base) * bh_count);
-    const int bh = r / gs;
-    blk.nb = nb_base + r % gs;
-    blk.hk = bh % a.num_heads_k;
-    blk.b = bh / a.num_heads_k;
-  }
-  blk.n0 = blk.nb * kBlockN;
-  blk.group = a.num_heads / a.num_heads_k;
-  blk.n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
-  blk.n_kblocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
-  blk.causal_offset = a.seqlen_k - a.seqlen_q;
+  const BwdBlock blk = BwdTileScheduler<kBlockM, kBlockN>::block(a);
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
