@@ -55,10 +55,10 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(sm.bar_full + 8 * s, 1);                         // lane 0 of producer warp 0 (+ transaction bytes)
-      mbar_init(sm.bar_empty + 8 * s, Tr::kRingArrivals);  // every consumer thread or warp
+      mbar_init(sm.bar_empty + 8 * s, 128 * Tr::kConsumerWGs);  // every consumer thread
     }
     mbar_init(sm.bar_kv, 1);
-    mbar_init(sm.bar_dq_full, Tr::kRingArrivals);
+    mbar_init(sm.bar_dq_full, 128 * Tr::kConsumerWGs);
     mbar_init(sm.bar_dq_empty, 1);
     mbar_fence_init();
   }

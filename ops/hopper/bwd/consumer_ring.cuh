@@ -47,13 +47,9 @@ struct BwdConsumerRing {
     }
     return true;
   }
-  __device__ __forceinline__ static void arrive(uint32_t bar) {
-    if constexpr (Tr::kWarpArrivals) mbar_arrive_warp(bar);
-    else mbar_arrive(bar);
-  }
   // This thread is done with the stage's Q, dO, lse2 and delta.
   __device__ __forceinline__ void release(const BwdSmem<Tr>& sm) {
-    arrive(sm.bar_empty + 8 * stage);
+    mbar_arrive(sm.bar_empty + 8 * stage);
     if (++stage == Tr::kNumStages) {
       stage = 0;
       phase ^= 1;
@@ -66,7 +62,7 @@ struct BwdConsumerRing {
   }
   __device__ __forceinline__ void hand_dq(const BwdSmem<Tr>& sm, int64_t off, bool leader) {
     if (leader) *sm.dq_off = off;
-    arrive(sm.bar_dq_full);
+    mbar_arrive(sm.bar_dq_full);
     ++dq_count;
   }
 };
