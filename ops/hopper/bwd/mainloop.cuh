@@ -173,18 +173,31 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
       }
     const int dsb = iter % Tr::kDsBuffers;
     // dS^T to shared memory, [keys][queries] as kQSub sub-tiles of 64 queries, 128-byte rows,
-    // 16-byte chunks XOR-swizzled by (key % 8) as TMA would write it. pds[ps][e]: key row
-    // key_local + 8 * (e % 2), queries 8 * (2 * ps + e / 2) + 2t, +1. Two buffers: both
-    // warpgroups' dQ of tile iter - 2 completed before either passed the dS barrier of tile iter - 1.
-    unsigned char* dst = sm.base + Tr::kOffdS + dsb * Tr::kDsBytes;
+    // 16-byte chunks XOR-swizzled by (key % 8) as TMA would write it. Two buffers: both warpgroups'
+    // dQ of tile iter - 2 completed before either passed the dS barrier of tile iter - 1.
+    if constexpr (Tr::kStmatrixDs) {
+      // One stmatrix per 16 queries: pds[ps][e] is 8 x 8 matrix e of keys [16 wq, 16 wq + 16) x
+      // queries [16 ps, 16 ps + 16) (e % 2: the lower 8 keys, e / 2: the upper 8 queries); lane i
+      // addresses row i % 8 of matrix i / 8.
+      const uint32_t ds_buf = sm.sdS + dsb * Tr::kDsBytes;
+      const int ds_row = cw * 64 + wq * 16 + ((lane / 8) % 2) * 8 + lane % 8;
 #pragma unroll
-    for (int ps = 0; ps < kKs; ++ps)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = key_local + 8 * (e % 2), chunk = (2 * ps + e / 2) % 8, sub = ps / 4;
-        *reinterpret_cast<uint32_t*>(dst + sub * kBlockN * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) =
-            pds[ps][e];
+      for (int ps = 0; ps < kKs; ++ps) {
+        const int chunk = (2 * ps + lane / 16) % 8, sub = ps / 4;
+        stmatrix_x4(ds_buf + sub * kBlockN * 128 + ds_row * 128 + ((chunk ^ (ds_row & 7)) << 4), pds[ps]);
       }
+    } else {
+      // pds[ps][e]: key row key_local + 8 * (e % 2), queries 8 * (2 * ps + e / 2) + 2t, +1.
+      unsigned char* dst = sm.base + Tr::kOffdS + dsb * Tr::kDsBytes;
+#pragma unroll
+      for (int ps = 0; ps < kKs; ++ps)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = key_local + 8 * (e % 2), chunk = (2 * ps + e / 2) % 8, sub = ps / 4;
+          *reinterpret_cast<uint32_t*>(dst + sub * kBlockN * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) =
+              pds[ps][e];
+        }
+    }
     fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
     // dV += P^T dO (B = dO [queries][head dim], MN-major, k16 step = 16 query rows); then, once both
     // warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to the writer.

@@ -24,6 +24,9 @@ struct BwdWgTraits {
   // FlashAttention-3/4 budgets (measured: BENCHMARKS.md, Hopper backward).
   static constexpr int kConsumerRegs = 240;
   static constexpr int kProducerRegs = 24;
+  // dS^T goes to shared memory by stmatrix at head dim 64 (FlashAttention-4): +2-3% there, -0-3% at
+  // 128, where it spills more (BENCHMARKS.md).
+  static constexpr bool kStmatrixDs = kHeadDim == 64;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA backward: head dim 64, 128 or 256");
   static_assert(kSplitD ? kBlockM == 64 && kBlockN == 64
                         : kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
