@@ -22,8 +22,9 @@ FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are 
 
 Each call is timed alone (events around it, synchronized after it; median of --rep) unless
 --back-to-back times --rep calls launched without synchronizing (mean: the host's per-call work then
-overlaps the GPU's); --clocks adds each implementation's mean SM clock and board power (nvidia-smi)
-to the row as <name>_sm_mhz / <name>_power_w.
+overlaps the GPU's); --clocks also runs each implementation back to back for 2 s and adds its SM clock and board power
+there (nvidia-smi, second half) and its TFLOP/s over those 2 s to the row as <name>_sm_mhz /
+<name>_power_w / <name>_sustained.
 """
 import argparse
 import json
@@ -47,74 +48,87 @@ FLEX_KERNEL_OPTIONS = {"flash": {"BACKEND": "FLASH"}, "triton": None}
 # How bench() times (set from the command line): per call between synchronizations (the default,
 # median; the GPU idles while the host prepares each call) or, with --back-to-back, the mean over
 # `rep` calls launched without synchronizing (the host's work overlaps the previous call's, as in
-# a training step). --clocks samples the SM clock and board power with nvidia-smi meanwhile.
+# a training step). --clocks then also runs it back to back for 2 s (sustained_clocks).
 TIMING = {"back_to_back": False, "clocks": False}
-_last_clocks = None  # (SM MHz, watts) of the latest bench() under --clocks
+_last_clocks = None  # the latest bench()'s sustained_clocks() and timed seconds per call under --clocks
 
 
-class ClockSampler:
-    """nvidia-smi's SM clock and power draw every 20 ms while the block runs; .result = means or None."""
+def sustained_clocks(fn, seconds=2.0):
+    """fn called back to back for `seconds` while nvidia-smi samples the SM clock and board power every
+    20 ms: (mean MHz, mean watts) over the second half (the clock settles under sustained load) and
+    the seconds per call over the whole run."""
+    import subprocess
+    import threading
+    import time
+    proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                             "-lms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    samples = []
 
-    def __init__(self, enabled):
-        self.enabled, self.proc, self.result = enabled, None, None
-
-    def __enter__(self):
-        if self.enabled:
-            import subprocess
-            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
-                                          "--format=csv,noheader,nounits", "-lms", "20"],
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        return self
-
-    def __exit__(self, *exc):
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        out, _ = self.proc.communicate()
-        samples = []
-        for line in out.splitlines():
+    def read():
+        for line in proc.stdout:
             try:
-                samples.append([float(x) for x in line.split(",")[:2]])
+                samples.append((time.perf_counter(), *(float(x) for x in line.split(",")[:2])))
             except ValueError:
                 continue
-        if samples:
-            self.result = tuple(float(x) for x in np.mean(samples, axis=0))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    while not samples and proc.poll() is None:  # nvidia-smi takes a while to start sampling
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    n = max(1, int(seconds / (time.perf_counter() - t0)))
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    end = time.perf_counter()
+    proc.terminate()
+    reader.join(1.0)
+    steady = [x[1:] for x in samples if start + (end - start) / 2 <= x[0] <= end]
+    if not steady:
+        return None
+    mhz, watts = np.mean(steady, axis=0)
+    return float(mhz), float(watts), (end - start) / n
 
 
 def bench(fn, warmup=2, rep=8):
     """Seconds per call of fn (see TIMING)."""
     global _last_clocks
-    with ClockSampler(TIMING["clocks"]) as clocks:
-        for _ in range(warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if TIMING["back_to_back"]:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(rep):
             fn()
-        torch.cuda.synchronize()
-        if TIMING["back_to_back"]:
+        b.record()
+        b.synchronize()
+        t = a.elapsed_time(b) / rep / 1e3
+    else:
+        ts = []
+        for _ in range(rep):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            for _ in range(rep):
-                fn()
+            fn()
             b.record()
             b.synchronize()
-            t = a.elapsed_time(b) / rep / 1e3
-        else:
-            ts = []
-            for _ in range(rep):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b))
-            t = float(np.median(ts)) / 1e3
-    _last_clocks = clocks.result
+            ts.append(a.elapsed_time(b))
+        t = float(np.median(ts)) / 1e3
+    clocks = sustained_clocks(fn) if TIMING["clocks"] else None
+    _last_clocks = clocks + (t,) if clocks else None
     return t
 
 
 def record(row, name, value):
     """row[name] = value (TFLOP/s), with the clocks of the bench() that produced it under --clocks."""
     row[name] = value
-    if _last_clocks is not None:
-        row[name + "_sm_mhz"], row[name + "_power_w"] = (round(x, 1) for x in _last_clocks)
+    if _last_clocks is not None:  # (MHz, watts, seconds per call sustained, seconds per call timed)
+        mhz, watts, t_sustained, t = _last_clocks
+        row[name + "_sm_mhz"], row[name + "_power_w"] = round(mhz, 1), round(watts, 1)
+        row[name + "_sustained"] = round(value * t / t_sustained, 1)
 
 
 def normalized_vectors(sri, causal, sq, device="cuda"):
@@ -181,7 +195,8 @@ def main():
     ap.add_argument("--back-to-back", action="store_true",
                     help="time --rep calls launched without synchronizing in between (mean), not each call alone")
     ap.add_argument("--clocks", action="store_true",
-                    help="record the mean SM clock and power (nvidia-smi) while each implementation is timed")
+                    help="also run each implementation back to back for 2 s: its SM clock and power there (nvidia-smi) "
+                         "and its TFLOP/s over those 2 s")
     args = ap.parse_args()
     TIMING.update(back_to_back=args.back_to_back, clocks=args.clocks)
     if args.clocks:
