@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device side: ncu profiles of one warm call of ours and of FlexAttention-FLASH (FlashAttention-4),
 # side by side, into $OUT: per-kernel summaries (duration, tensor-pipe instructions, executed
-# instructions, warps active, local-memory (spill) requests, registers), and ours' per-SASS-line
-# source view (executed instructions and stall samples per line; opcode mixes are summed from it).
+# instructions, warps active, local-memory (spill) requests, registers), and each one's per-SASS-line
+# source view (executed instructions and stall samples per line), summed per opcode side by side by
+# scripts/sass_mix.py into $OUT/sass_mix.md.
 #   PROFILE_ARGS="--bwd --family full --seqlen 8192" [PROFILE_IMPLS="fm3 flex_flash"] scripts/gpu_profile.sh
 # Needs ncu; Flex FLASH needs FM3_EXTRA_SITE (../shared/tools/fa4_anchor.sh). LIB_DIR as gpu_run.sh.
 # The Flex FLASH side matches FlashAttention-4's main kernels by name (FlashAttention{Backward,Forward}Sm90);
@@ -19,10 +20,15 @@ for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
     ${NCU_EXTRA:-} python3 scripts/profile_case.py --impl $impl $ARGS > "$OUT/ncu_$impl.txt" 2>&1
   echo "== $impl rc=$?"; grep -E "flash|Flash|kernel|duration|gmma|inst_executed|local_op|registers|warps_active" "$OUT/ncu_$impl.txt" | cut -c1-400 | head -20
 done
-# Ours, per SASS line (executed instructions, stalls) for the hot loop.
-timeout 300 ncu --clock-control none --kernel-name "$OURS" --launch-skip 2 --launch-count 1 \
-  --section SourceCounters --section WarpStateStats --import-source yes -o "$OUT/ours" -f \
-  python3 scripts/profile_case.py --impl fm3 $ARGS > "$OUT/ncu_src.log" 2>&1
-ncu --import "$OUT/ours.ncu-rep" --page source --csv --print-source sass > "$OUT/ours_sass.csv" 2> "$OUT/ours_sass.err"
-echo "source view rc=$? lines=$(wc -l < "$OUT/ours_sass.csv")"; head -c 600 "$OUT/ours_sass.err"
-gzip -f "$OUT/ours_sass.csv"; rm -f "$OUT/ours.ncu-rep"
+# Per SASS line (executed instructions, stalls), each implementation; scripts/sass_mix.py sums them
+# per opcode side by side.
+for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
+  name=$([ $impl = fm3 ] && echo "$OURS" || echo "$PEER")
+  timeout 300 ncu --clock-control none --kernel-name "$name" --launch-skip 2 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --import-source yes -o "$OUT/$impl" -f \
+    python3 scripts/profile_case.py --impl $impl $ARGS > "$OUT/ncu_src_$impl.log" 2>&1
+  ncu --import "$OUT/$impl.ncu-rep" --page source --csv --print-source sass > "$OUT/${impl}_sass.csv" 2> "$OUT/${impl}_sass.err"
+  echo "source view $impl rc=$? lines=$(wc -l < "$OUT/${impl}_sass.csv")"; head -c 600 "$OUT/${impl}_sass.err"
+  gzip -f "$OUT/${impl}_sass.csv"; rm -f "$OUT/$impl.ncu-rep"
+done
+python3 scripts/sass_mix.py $(for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do echo "$OUT/${impl}_sass.csv.gz"; done) | tee "$OUT/sass_mix.md"
