@@ -49,11 +49,11 @@ def main():
     ap.add_argument("--full-opcode", action="store_true", help="keep opcode modifiers (MUFU.EX2, SYNCS....)")
     args = ap.parse_args()
     mixes = [read_mix(p, args.full_opcode) for p in args.csv]
-    for i, (kernel, ex, smp) in enumerate(mixes):
-        print(f"[{i}] {kernel[:150]}: {sum(ex.values()):,} instructions, {ex['HGMMA']:,} HGMMA, "
+    per = [max(sum(n for op, n in m[1].items() if op.split(".")[0] == "HGMMA"), 1) for m in mixes]
+    for i, ((kernel, ex, smp), hgmma) in enumerate(zip(mixes, per)):
+        print(f"[{i}] {kernel[:150]}: {sum(ex.values()):,} instructions, {hgmma:,} HGMMA, "
               f"{sum(smp.values()):,} stall samples")
     ops = sorted(set().union(*(m[1] for m in mixes)), key=lambda o: -mixes[0][1][o])[: args.top]
-    per = [max(m[1]["HGMMA"], 1) for m in mixes]
     head = "| opcode | " + " | ".join(f"[{i}] per HGMMA | [{i}] % samples" for i in range(len(mixes)))
     print(head + (" | [i] / [0] |" if len(mixes) > 1 else " |"))
     print("|---" * (1 + 2 * len(mixes) + (len(mixes) > 1)) + "|")

@@ -24,6 +24,9 @@ def test_mix_per_hgmma_and_ratio(tmp_path):
     write_csv(b, "peer", [("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24", 20, 5),
                           ("FFMA R1, R2, R3, R4", 60, 5), ("MUFU.EX2 R1, R2", 60, 10)])
     out = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b)], capture_output=True, text=True, check=True).stdout
+    full = subprocess.run([sys.executable, str(SCRIPT), str(a), "--full-opcode"], capture_output=True, text=True,
+                          check=True).stdout
+    assert "10 HGMMA" in full and "| MUFU.EX2 | 3.0 | 50.0 |" in full  # per HGMMA with modifiers kept too
     assert "[0] ours: 100 instructions, 10 HGMMA, 20 stall samples" in out
     assert "[1] peer: 140 instructions, 20 HGMMA, 20 stall samples" in out
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()
