@@ -22,9 +22,9 @@ FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are 
 
 Each call is timed alone (events around it, synchronized after it; median of --rep) unless
 --back-to-back times --rep calls launched without synchronizing (mean: the host's per-call work then
-overlaps the GPU's); --clocks also runs each implementation back to back for 2 s and adds its SM clock and board power
-there (nvidia-smi, second half) and its TFLOP/s over those 2 s to the row as <name>_sm_mhz /
-<name>_power_w / <name>_sustained.
+overlaps the GPU's); --clocks also runs each implementation back to back for 2 s and adds its SM
+clock and board power there (nvidia-smi, second half) and its TFLOP/s over those 2 s to the row as
+<name>_sm_mhz / <name>_power_w / <name>_sustained.
 """
 import argparse
 import json

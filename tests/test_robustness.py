@@ -307,3 +307,11 @@ def test_cp_backend_forward_in_a_pylayer_records_no_backward():
     with paddle.no_grad():
         out, lse = fm3dist.executor.PaddleAttention().fwd(q, k, v, mask, 0.35)
     assert out.stop_gradient and lse.stop_gradient
+
+
+def test_no_second_derivative_is_an_error_not_a_silent_zero():
+    q, k, v = qkv()
+    (g,) = paddle.grad(causal_attention(q, k, v).sum(), [q], create_graph=True)
+    assert g.shape == q.shape
+    with pytest.raises(ValueError, match="does not appear in the backward graph"):
+        paddle.grad(g.sum(), [q])
