@@ -198,13 +198,15 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
               pds[ps][e];
         }
     }
-    fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
-    // dV += P^T dO (B = dO [queries][head dim], MN-major, k16 step = 16 query rows); then, once both
-    // warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to the writer.
+    // dV += P^T dO (B = dO [queries][head dim], MN-major, k16 step = 16 query rows), issued before
+    // the proxy fence (it reads no dS^T), so the tensor cores run it while the stores drain; then,
+    // once both warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to
+    // the writer.
     gmma_fence();
 #pragma unroll
     for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pp[ps], dsc_do_mn.at(qoff + ps * 2048), dv);
     gmma_commit();
+    fence_proxy_async();  // the dS^T stores above are read by dQ's WGMMA (async proxy)
     named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves of dS^T written
     float dq[32];
     issue_dq(dsb, dq);
