@@ -122,7 +122,10 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     }
     gmma_wait<1>();
     fence_regs(s);
-    auto lse2_of = [&](int j) { return kStatsInRegs ? l2[j] : *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t); };
+    auto lse2_of = [&](int j) {
+      if constexpr (kStatsInRegs) return l2[j];
+      else return *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t);
+    };
     if (partial)
       bwd_p_from_s<kBlockM, true>(s, lse2_of, a.scale_log2, cb, m0, t);
     else
@@ -134,7 +137,8 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     gmma_wait<0>();
     fence_regs(dp);
     bwd_ds_from_dp<kBlockM>(dp, s, [&](int j) {
-      return kStatsInRegs ? dlt[j] : *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
+      if constexpr (kStatsInRegs) return dlt[j];
+      else return *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
     });
     uint32_t pp[kKs][4], pds[kKs][4];
 #pragma unroll
