@@ -18,13 +18,12 @@
 #pragma once
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "attn_args.h"     // BwdArgs
 #include "bwd/consumer_ring.cuh"
 #include "bwd/epilogue.cuh"
+#include "bwd/pointwise.cuh"
 #include "bwd/traits.cuh"
-#include "fm3/mask.h"      // ColumnBounds, row_masked
+#include "fm3/mask.h"      // ColumnBounds
 #include "sm90_primitives.cuh"
 #include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
 
@@ -123,46 +122,24 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     }
     gmma_wait<1>();
     fence_regs(s);
-    // Two copies of the loop, so that tiles without masked elements carry no per-element test.
-    auto softmax = [&](auto masked) {
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int ql = j * 8 + 2 * t + c;
-          const float lse2 = !kStatsInRegs ? lse_t[ql] : c == 0 ? l2[j].x : l2[j].y;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int i = j * 4 + 2 * r + c;
-            float p = fast_exp2(s[i] * a.scale_log2 - lse2);  // lse2 = +inf (empty row, padding): 0
-            if constexpr (decltype(masked)::value) {
-              if (row_masked(cb[r], m0 + ql)) p = 0.f;
-            }
-            s[i] = p;
-          }
-        }
+    auto lse2_of = [&](int j) {
+      if constexpr (kStatsInRegs) return l2[j];
+      else return *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t);
     };
     if (partial)
-      softmax(std::true_type{});
+      bwd_p_from_s<kBlockM, true>(s, lse2_of, a.scale_log2, cb, m0, t);
     else
-      softmax(std::false_type{});
+      bwd_p_from_s<kBlockM, false>(s, lse2_of, a.scale_log2, cb, m0, t);
     if constexpr (kStatsInRegs) {
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) dlt[j] = *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
     }
     gmma_wait<0>();
     fence_regs(dp);
-#pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float dl = !kStatsInRegs ? delta_t[j * 8 + 2 * t + c] : c == 0 ? dlt[j].x : dlt[j].y;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = j * 4 + 2 * r + c;
-          dp[i] = s[i] * (dp[i] - dl);
-        }
-      }
+    bwd_ds_from_dp<kBlockM>(dp, s, [&](int j) {
+      if constexpr (kStatsInRegs) return dlt[j];
+      else return *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
+    });
     uint32_t pp[kKs][4], pds[kKs][4];
 #pragma unroll
     for (int ps = 0; ps < kKs; ++ps)
@@ -198,13 +175,15 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
               pds[ps][e];
         }
     }
-    fence_proxy_async();  // the stores above are read by WGMMA (async proxy)
-    // dV += P^T dO (B = dO [queries][head dim], MN-major, k16 step = 16 query rows); then, once both
-    // warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to the writer.
+    // dV += P^T dO (B = dO [queries][head dim], MN-major, k16 step = 16 query rows), issued before
+    // the proxy fence (it reads no dS^T), so the tensor cores run it while the stores drain; then,
+    // once both warpgroups' dS^T is in shared memory, dQ = dS K, and dK += dS^T Q while dQ goes to
+    // the writer.
     gmma_fence();
 #pragma unroll
     for (int ps = 0; ps < kKs; ++ps) gmma_rs<T, kHeadDim>(pp[ps], dsc_do_mn.at(qoff + ps * 2048), dv);
     gmma_commit();
+    fence_proxy_async();  // the dS^T stores above are read by dQ's WGMMA (async proxy)
     named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves of dS^T written
     float dq[32];
     issue_dq(dsb, dq);

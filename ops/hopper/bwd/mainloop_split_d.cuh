@@ -14,13 +14,12 @@
 #pragma once
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "attn_args.h"  // BwdArgs
 #include "bwd/consumer_ring.cuh"
 #include "bwd/epilogue.cuh"
+#include "bwd/pointwise.cuh"
 #include "bwd/traits.cuh"
-#include "fm3/mask.h"      // ColumnBounds, row_masked
+#include "fm3/mask.h"      // ColumnBounds
 #include "sm90_primitives.cuh"
 #include "warp_primitives.cuh"  // Mma<T>::pack, fast_exp2
 
@@ -101,42 +100,16 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     for (int j = 0; j < kQw / 8; ++j) l2[j] = *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t);
     gmma_wait<1>();
     fence_regs(s);
-    auto softmax = [&](auto masked) {
-#pragma unroll
-      for (int j = 0; j < kQw / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float lse2 = c == 0 ? l2[j].x : l2[j].y;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int i = j * 4 + 2 * r + c;
-            float p = fast_exp2(s[i] * a.scale_log2 - lse2);  // lse2 = +inf (empty row, padding): 0
-            if constexpr (decltype(masked)::value) {
-              if (row_masked(cb[r], m0 + cw * kQw + j * 8 + 2 * t + c)) p = 0.f;
-            }
-            s[i] = p;
-          }
-        }
-    };
+    auto lse2_of = [&](int j) { return l2[j]; };
     if (partial)
-      softmax(std::true_type{});
+      bwd_p_from_s<kQw, true>(s, lse2_of, a.scale_log2, cb, m0 + cw * kQw, t);
     else
-      softmax(std::false_type{});
+      bwd_p_from_s<kQw, false>(s, lse2_of, a.scale_log2, cb, m0 + cw * kQw, t);
 #pragma unroll
     for (int j = 0; j < kQw / 8; ++j) dlt[j] = *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
     gmma_wait<0>();
     fence_regs(dp);
-#pragma unroll
-    for (int j = 0; j < kQw / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float dl = c == 0 ? dlt[j].x : dlt[j].y;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int i = j * 4 + 2 * r + c;
-          dp[i] = s[i] * (dp[i] - dl);
-        }
-      }
+    bwd_ds_from_dp<kQw>(dp, s, [&](int j) { return dlt[j]; });
     // Both warpgroups have read the buffer for the previous tile (each waited for its products
     // before coming here); then this warpgroup's halves of dS^T and P^T: rows key_local (+8), 16-byte
     // chunk 4 cw + j of the 128-byte row, XOR-swizzled by (key % 8) as TMA would write it.

@@ -204,14 +204,18 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
         mbar_arrive(sm.bar_empty + 8 * ring.stage);  // K and the visibility bits of this block are read
         ring.advance();
         bool more = next_block(entry);
-        rescale_o(alpha);  // O is still 0
-        pack_p(s, p);
+        pack_p(s, p);  // O is still 0: no rescale
+        alpha[0] = alpha[1] = 1.f;
         while (more) {
-          mbar_wait(sm.bar_v_full + 8 * vring.stage, vring.phase);  // V_{i-1}: loaded a block ago
-          fence_regs(o);
           fence_regs(p);
           gmma_fence();
           issue_qk(s, ring.stage);
+          // O (P_{i-2} V_{i-2} done) rescaled for P_{i-1} while S_i runs, as FlashAttention-3 does,
+          // instead of between P_{i-2} V_{i-2}'s wait and S_i's issue, where the tensor cores idle.
+          rescale_o(alpha);
+          mbar_wait(sm.bar_v_full + 8 * vring.stage, vring.phase);  // V_{i-1}: loaded a block ago
+          fence_regs(o);
+          gmma_fence();
           issue_pv(p, vring.stage);
           gmma_wait<1>();  // S_i done, P_{i-1} V_{i-1} may still run
           fence_regs(s);
@@ -227,10 +231,10 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
           fence_regs(p);
           mbar_arrive(sm.bar_v_empty + 8 * vring.stage);
           vring.advance();
-          rescale_o(alpha);
           pack_p(s, p);
         }
         // The tile's last block.
+        rescale_o(alpha);
         mbar_wait(sm.bar_v_full + 8 * vring.stage, vring.phase);
         fence_regs(o);
         fence_regs(p);

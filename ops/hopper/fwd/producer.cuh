@@ -35,6 +35,19 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
     tma_prefetch_desc(tmap_v);
   }
   RingCursor<kStages> ring, vring;  // vring (overlapped consumers): thread 0 only
+  // Overlapped consumers: V of a block is loaded after the next block's K (FlashAttention-4's
+  // order), so K runs a block ahead of V: the consumers wait for K_{i+1} in the middle of block i,
+  // for V_i only at block i + 1. Thread 0 keeps the key offset of the block whose V is pending.
+  int pending_v = -1;
+  auto load_v = [&](int n0, const FwdTile& x) {
+    const uint32_t v_full = sm.bar_v_full + 8 * vring.stage;
+    mbar_wait(sm.bar_v_empty + 8 * vring.stage, vring.phase ^ 1);
+    mbar_arrive_expect_tx(v_full, Tr::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < Tr::kDChunks; ++c)
+      tma_load_4d(sm.sV + vring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_v, v_full, c * 64, n0, x.hk, x.b);
+    vring.advance();
+  };
   int tile = blockIdx.x;
   post_tile_boundary(sm, ring, tid, tile);
   for (int k = 0; tile < a.num_tiles; ++k) {
@@ -77,13 +90,8 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
               tma_load_4d(sm.sK + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_k, full, c * 64, n0, x.hk, x.b);
             // V on its own ring: the consumers hand its stage back after the block's product, which
             // completes during the next block.
-            const uint32_t v_full = sm.bar_v_full + 8 * vring.stage;
-            mbar_wait(sm.bar_v_empty + 8 * vring.stage, vring.phase ^ 1);
-            mbar_arrive_expect_tx(v_full, Tr::kKVBytes);
-#pragma unroll
-            for (int c = 0; c < Tr::kDChunks; ++c)
-              tma_load_4d(sm.sV + vring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_v, v_full, c * 64, n0, x.hk, x.b);
-            vring.advance();
+            if (pending_v >= 0) load_v(pending_v, x);
+            pending_v = n0;
           } else {
             mbar_arrive_expect_tx(full, 2 * Tr::kKVBytes);
 #pragma unroll
@@ -97,6 +105,10 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
         }
         ring.advance();
       }
+    }
+    if (kOverlap && tid == 0 && pending_v >= 0) {  // the tile's last V
+      load_v(pending_v, x);
+      pending_v = -1;
     }
     tile = share_next_tile(sm, tid, k, next);
     post_tile_boundary(sm, ring, tid, tile);
