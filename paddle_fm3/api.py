@@ -111,8 +111,11 @@ def flashmask_attention(
             must not overflow: a scale above ``float32 max / log2(e)`` is a ValueError, and so
             (checked in dynamic mode, for scales above 1) is one where
             ``softmax_scale * log2(e) * head_dim * max|q| * max|k|`` passes float32's maximum.
-            As in FlashAttention, the backward recomputes the probabilities from the float32
-            log-sum-exp, so scores of magnitude ~1e5 and beyond lose gradient accuracy.
+            As in FlashAttention, the backward recomputes the probabilities from float32 scores
+            and the float32 log-sum-exp. Once the scores reach ~1e5, the recomputed scores
+            differ from the forward's by more than float32 can absorb, and the gradients are
+            wrong; around 1e8 they are off by orders of magnitude or inf/NaN, while the
+            forward output stays accurate.
         block_mask: optional int32 ``[batch, H_mask, ceil(seqlen_q/128),
             ceil(seqlen_k/128)]``, 1 = keep the 128x128 block, 0 = mask it; AND-ed
             with ``startend_row_indices`` (which it requires).
@@ -130,10 +133,12 @@ def flashmask_attention(
     Raises:
         TypeError / ValueError: bad tensors, dtypes, shapes, mask values or
             arguments (the message names the argument), before any kernel runs.
-        NotImplementedError: ``dropout > 0``.
+        NotImplementedError: ``dropout`` in (0, 1) (a value outside [0, 1) is a ValueError).
     """
     if not isinstance(dropout, numbers.Real) or isinstance(dropout, (bool, np.bool_)):
         raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
+    if not 0.0 <= dropout < 1.0:  # NaN too
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout}")
     if dropout != 0.0:
         raise NotImplementedError("paddle_fm3.flashmask_attention does not implement dropout; pass dropout=0.0")
     if not isinstance(rng_name, str):

@@ -41,7 +41,9 @@ def block_classify(startend_row_indices: np.ndarray | paddle.Tensor, *, causal: 
         malformed ``block_mask`` (shape, values other than 0/1).
     """
     for name, val in (("seqlen_q", seqlen_q), ("block_m", block_m), ("block_n", block_n)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or not 1 <= val <= _checks.MAX_SEQLEN:
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(val).__name__}")
+        if not 1 <= val <= _checks.MAX_SEQLEN:
             raise ValueError(f"{name} must be an int in [1, 2^31 - 1], got {val!r}")
     sri = startend_row_indices
     arr = sri.numpy() if isinstance(sri, paddle.Tensor) else np.asarray(sri)

@@ -52,6 +52,9 @@ CASES = [
     ("softmax_scale", lambda: dict(args=qkv(), softmax_scale=-1.0), ValueError, "softmax_scale"),
     ("causal type", lambda: dict(args=qkv(), causal=1), TypeError, "causal"),
     ("dropout", lambda: dict(args=qkv(), dropout=0.1), NotImplementedError, "dropout"),
+    ("dropout negative", lambda: dict(args=qkv(), dropout=-0.1), ValueError, "dropout must be a probability"),
+    ("dropout above 1", lambda: dict(args=qkv(), dropout=1.5), ValueError, "dropout must be a probability"),
+    ("dropout NaN", lambda: dict(args=qkv(), dropout=float("nan")), ValueError, "dropout must be a probability"),
     ("fixed_seed_offset shape", lambda: dict(args=qkv(), fixed_seed_offset=paddle.zeros([3], "int64")),
      ValueError, "fixed_seed_offset"),
     ("rng_name type", lambda: dict(args=qkv(), rng_name=3), TypeError, "rng_name"),
@@ -71,3 +74,5 @@ def test_bad_input(desc, build, exc, fragment):
 def test_block_classify_bad_sizes():
     with pytest.raises(ValueError, match="block_m"):
         fm.block_classify(np.zeros((1, 1, 4, 1), np.int32), causal=True, seqlen_q=4, block_m=0, block_n=2)
+    with pytest.raises(TypeError, match="block_m must be an int, got float"):
+        fm.block_classify(np.zeros((1, 1, 4, 1), np.int32), causal=True, seqlen_q=4, block_m=2.0, block_n=2)
