@@ -201,7 +201,8 @@ def gen_prototypes(decls: list[OpDecl]) -> str:
 # ---------------------------------------------------------------------------
 
 SMEM_LIMIT = 227 * 1024  # shared memory per block on sm90
-BLOCK_MASK_SIZE = 128  # fm3::kBlockMaskSize: a WGMMA tile lies inside one block_mask block
+BLOCK_MASK_SIZE = 128  # fm3::kBlockMaskSize: a WGMMA key block lies inside one block_mask column block
+MMA_SYNC_MAX_BLOCK_M = 128  # the forward mma.sync kernel takes min(block_m, this) rows per tile
 WGMMA = "wgmma"  # warp-specialized TMA + WGMMA kernel (flash_fwd_wgmma.cuh / flash_bwd_wgmma.cuh)
 MMA_SYNC = "mma_sync"  # mma.sync kernel (flash_fwd_mma_sync.cuh / flash_bwd_mma_sync.cuh)
 
@@ -227,8 +228,8 @@ def fwd_kernel(c: dict) -> str:
     (WgTraits in ops/hopper/fwd/traits.cuh), else the mma.sync kernel. The mma.sync kernel is built for
     every config: it also serves layouts TMA cannot describe and FM3_FWD_KERNEL=mma_sync."""
     hd, bm, bn, st, wg = (c[k] for k in ("head_dim", "block_m", "block_n", "stages", "consumer_warpgroups"))
-    covered = (hd in (64, 128, 256) and bn in (64, 128) and wg in (1, 2) and bm == 64 * wg and 2 <= st <= 16
-               and BLOCK_MASK_SIZE % bm == 0 and BLOCK_MASK_SIZE % bn == 0)
+    covered = (hd in (64, 128, 256) and bn in (64, 128) and wg in (1, 2, 3) and bm == 64 * wg and 2 <= st <= 16
+               and BLOCK_MASK_SIZE % bn == 0)
     return WGMMA if covered else MMA_SYNC
 
 
@@ -244,15 +245,17 @@ def bwd_kernel(c: dict) -> str:
 
 
 def check_fwd_mma_sync(c: dict) -> None:
-    """The forward mma.sync kernel's requirements (FwdTraits in flash_fwd_mma_sync.cuh)."""
-    hd, bm, bn, wg = c["head_dim"], c["block_m"], c["block_n"], c["consumer_warpgroups"]
+    """The forward mma.sync kernel's requirements (FwdTraits in flash_fwd_mma_sync.cuh), on its tiles of
+    min(block_m, MMA_SYNC_MAX_BLOCK_M) rows."""
+    hd, bn, wg = c["head_dim"], c["block_n"], c["consumer_warpgroups"]
     where = f"sm90 head_dim {hd}"
     if hd % 64 != 0:
         raise ConfigError(f"{where}: no kernel serves it; the mma.sync kernel's XOR swizzle of 16-byte chunks "
                           f"needs head_dim % 64 == 0 and the WGMMA kernel serves 64, 128, 256")
-    if bm != 64 * wg:
-        raise ConfigError(f"{where}: block_m ({bm}) must be 64 rows per consumer warpgroup "
+    if c["block_m"] != 64 * wg:
+        raise ConfigError(f"{where}: block_m ({c['block_m']}) must be 64 rows per consumer warpgroup "
                           f"(64 x consumer_warpgroups = {64 * wg})")
+    bm = min(c["block_m"], MMA_SYNC_MAX_BLOCK_M)
     if bn % 16 != 0:
         raise ConfigError(f"{where}: block_n ({bn}) must be a multiple of 16")
     threads = 2 * bm  # bm / 16 warps
@@ -329,6 +332,8 @@ def gen_config_header(cfg: dict) -> str:
              f"constexpr int kCpuBlockM = {int(cpu['block_m'])};",
              f"constexpr int kCpuBlockN = {int(cpu['block_n'])};",
              f"constexpr int kCpuMaxHeadDim = {int(cpu['max_head_dim'])};", "",
+             "// The forward mma.sync kernel (fallback) takes tiles of min(block_m, this) rows.",
+             f"constexpr int kMmaSyncMaxBlockM = {MMA_SYNC_MAX_BLOCK_M};", "",
              "// Hopper forward tile configs: FM3_SM90_CONFIGS(X) calls",
              "// X(head_dim, block_m, block_n, stages, consumer_warpgroups, intra_wg_overlap, wgmma) per entry;",
              "// wgmma = 1: the WGMMA kernel serves it (the mma.sync kernel then serves layouts TMA cannot",

@@ -108,7 +108,7 @@ int dispatch(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, 
       const int rc = launch_wgmma<T, hd, bm, bn, st, ov>(args, head_dim, stream, err, err_len); \
       if (rc >= 0) return rc;                                                         \
     }                                                                                 \
-    return launch<T, hd, bm, bn>(args, stream, err, err_len);                         \
+    return launch<T, hd, (bm < fm3::kMmaSyncMaxBlockM ? bm : fm3::kMmaSyncMaxBlockM), bn>(args, stream, err, err_len); \
   }
   FM3_SM90_CONFIGS(FM3_X)
 #undef FM3_X

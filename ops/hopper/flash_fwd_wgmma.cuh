@@ -8,8 +8,9 @@
 //
 // Persistent: one CTA per SM, 128 * (1 + kConsumerWGs) threads, takes query tiles (batch, head,
 // kBlockM = 64 * kConsumerWGs rows) one after another. Warpgroup 0, the producer (setmaxnreg down
-// to 40 registers), fills a kStages-deep shared-memory ring of K/V blocks on mbarriers;
-// warpgroups 1..kConsumerWGs, the consumers (setmaxnreg up to 232), 64 query rows each, drain it.
+// to kProducerRegs), fills a kStages-deep shared-memory ring of K/V blocks on mbarriers;
+// warpgroups 1..kConsumerWGs, the consumers (setmaxnreg up to kConsumerRegs), 64 query rows each,
+// drain it.
 // The producer runs ahead into the next tile while the consumers finish the current one (Q
 // reloaded once they release it), so per-tile set-up and the epilogue are hidden.
 //

@@ -67,6 +67,13 @@ struct TileMask {
     return tm;
   }
 
+  // block_mask as a visibility word: rows [r0, r0 + 32) (inside one 128-row block) of key column col
+  // all 0 where its block is dropped, else all 1 (the key column's bounds decide).
+  __device__ __forceinline__ uint32_t block_mask_bits(int r0, int col) const {
+    if (block_mask == nullptr || r0 >= seqlen_q || col >= seqlen_k) return ~0u;
+    return block_mask[(r0 / kBlockMaskSize) * bm_cols + col / kBlockMaskSize] ? ~0u : 0u;
+  }
+
   // The class of key block nb for rows [m0, m1).
   __device__ __forceinline__ TileClass classify(int nb) const {
     const int n0 = nb * block_n, n1 = min(n0 + block_n, seqlen_k);

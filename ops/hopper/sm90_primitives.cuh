@@ -135,6 +135,10 @@ struct SmemDesc {
   __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
     return (static_cast<uint64_t>(hi) << 32) | (lo + (bytes >> 4));
   }
+  // Moved by a runtime byte offset (a multiple of 16, e.g. a ring stage's): taken once per stage, so
+  // that each product's at(constant) is one add of an immediate. Folding the runtime offset into every
+  // at() makes ptxas shift the sum again for each product (ULOP3 + ULEA.HI per WGMMA).
+  __device__ __forceinline__ SmemDesc plus(uint32_t bytes) const { return {lo + (bytes >> 4), hi}; }
 };
 __device__ __forceinline__ SmemDesc smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
   const uint64_t d = gmma_desc(smem_addr, lbo_bytes, sbo_bytes);

@@ -107,15 +107,17 @@ def test_softmax_scale(family):
     check(q, k, v, sri, causal, "fp16", softmax_scale=0.03)
 
 
+# Every head dim: a tile of more than 128 rows (head dim 64's 192) spans block_mask row blocks.
+@pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("family", ["full", "causal", "global_sliding_window"])
-def test_block_mask(family):
+def test_block_mask(family, d):
     s = 700
     sri, causal = family_mask(family, s, 4)
     nb = -(-s // 128)
     rng = np.random.default_rng(11)
     bm = np.ascontiguousarray(rng.integers(0, 2, size=(1, 1, nb, nb)), dtype=np.int32)
     bm[0, 0, 2, :] = 0  # a fully dropped row of blocks: rows with no visible key
-    q, k, v = make_qkv(1, s, s, 2, 1, 128, DTYPES["bf16"], 12)
+    q, k, v = make_qkv(1, s, s, 2, 1, d, DTYPES["bf16"], 12)
     check(q, k, v, sri, causal, "bf16", block_mask=bm)
 
 

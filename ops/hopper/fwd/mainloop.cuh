@@ -55,20 +55,19 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
 
   // S = Q K^T for the block in `stage` (issued, not waited for).
   auto issue_qk = [&](float (&s)[kS], int stage) {
-    const uint32_t kvoff = stage * Tr::kKVBytes;
+    const SmemDesc q = dsc_q.plus(qoff), k = dsc_k.plus(stage * Tr::kKVBytes);
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
-      gmma_ss<T, kBlockN>(dsc_q.at(qoff + (ks / 4) * kBlockM * 128 + off),
-                          dsc_k.at(kvoff + (ks / 4) * kBlockN * 128 + off), s, ks > 0);
+      gmma_ss<T, kBlockN>(q.at((ks / 4) * kBlockM * 128 + off), k.at((ks / 4) * kBlockN * 128 + off), s, ks > 0);
     }
     gmma_commit();
   };
   // O += P V for the block in `stage` (issued, not waited for).
   auto issue_pv = [&](const uint32_t (&p)[kBlockN / 16][4], int stage) {
-    const uint32_t kvoff = stage * Tr::kKVBytes;
+    const SmemDesc v = dsc_v.plus(stage * Tr::kKVBytes);
 #pragma unroll
-    for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, kHeadDim>(p[ps], dsc_v.at(kvoff + ps * 2048), o);
+    for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, kHeadDim>(p[ps], v.at(ps * 2048), o);
     gmma_commit();
   };
   // Mask (partial blocks only), online-softmax update of row_max (log2 units) / row_sum; S becomes

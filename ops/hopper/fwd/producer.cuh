@@ -2,8 +2,8 @@
 // run the mask scheduler (mask_scheduler.cuh, on named barrier 1), which publishes the compacted
 // list of surviving key blocks a window of 128 blocks at a time; all four warps walk that list
 // and, per block, wait for a free stage of the K/V ring; when the block is partial each thread
-// turns one key column's bounds into visibility bits for the tile's rows (fm3::visible_bits, one
-// 32-bit word per 32 rows); thread 0 writes the block's entry (index + partial tag) beside the
+// turns one key column's bounds and block_mask into visibility bits for the tile's rows
+// (fm3::visible_bits, one 32-bit word per 32 rows); thread 0 writes the block's entry (index + partial tag) beside the
 // stage and issues the TMA loads of K and V (cp.async.bulk.tensor, 128-byte swizzle) completing
 // on the stage's "full" mbarrier. Q is loaded per tile into one of kQBuffers buffers on its own
 // mbarrier, once the consumers hand that buffer back (q_empty). After a tile's blocks it posts
@@ -76,7 +76,8 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
               column_bounds(sri, n0 + tid, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, causal_offset);
           uint32_t* dst = sm.mask + ring.stage * Tr::kMaskStageInts + tid * Tr::kMaskWords;
 #pragma unroll
-          for (int w = 0; w < Tr::kMaskWords; ++w) dst[w] = visible_bits(cb, x.m0 + 32 * w);
+          for (int w = 0; w < Tr::kMaskWords; ++w)
+            dst[w] = visible_bits(cb, x.m0 + 32 * w) & tm.block_mask_bits(x.m0 + 32 * w, n0 + tid);
         }
         // Every producer thread arrives on "full" after its own stores (release); thread 0 also
         // arms the transaction count and issues the TMA loads.

@@ -17,14 +17,18 @@ struct WgTraits {
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerThreads = 128;
   static constexpr int kDChunks = kHeadDim / 64;  // 128-byte swizzle sub-tiles along the head dim
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // Three consumer warpgroups (head dim 64: 192-row tiles, as FlashAttention-3) share 512 threads'
+  // registers: 32 + 3 x 160 per thread; two take 40 + 2 x 232.
+  static constexpr int kProducerRegs = kConsumerWGs == 3 ? 32 : 40;
+  static constexpr int kConsumerRegs = kConsumerWGs == 3 ? 160 : 232;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA path: head dim 64, 128 or 256");
   static_assert(kBlockN == 64 || kBlockN == 128, "WGMMA path: block_n 64 or 128");
-  static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 2, "64 rows per consumer warpgroup");
+  static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 3, "64 rows per consumer warpgroup");
   static_assert(kStages >= 2, "at least two stages");
-  static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
-                "a tile must lie inside one block_mask block (apply_block_mask then decides it whole)");
+  // A block lies inside one block_mask column block and a 32-row visibility word inside one row block
+  // (tiles start at multiples of 64 rows): the producer folds block_mask into the words
+  // (TileMask::block_mask_bits), so a tile may span row blocks.
+  static_assert(kBlockMaskSize % kBlockN == 0 && kBlockMaskSize % 32 == 0, "block_mask blocks vs tiles");
   static_assert(kBlockN <= kProducerThreads, "one producer thread per key column");
   // setmaxnreg.inc blocks until the registers are free: the per-role budgets must fit in what the CTA
   // got at launch (the __launch_bounds__(kThreads, 1) cap, 65536 / kThreads rounded down to 8, per thread).
