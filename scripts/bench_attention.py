@@ -9,7 +9,8 @@ tokens in total: batch = 128K / S; hidden 4096: heads = 4096 / D), times in one 
     kernels; needs flash-attn-4, see ../shared/tools/fa4_anchor.sh, and FM3_EXTRA_SITE=/tmp/site) and
     "triton" (FlexAttention's default); create_block_mask time is not in the attention time,
   - cuDNN SDPA on the full and causal families,
-and the block-summary kernel alone. TFLOP/s count only visible pairs: 4 * B * H * D * pairs / t.
+and the block-summary kernel alone (summary_pct: its GPU time from torch.profiler, in percent of
+fm3's forward time). TFLOP/s count only visible pairs: 4 * B * H * D * pairs / t.
 Each row carries family, head_dim, seqlen, batch, heads and the TFLOP/s of fm3, flex_flash,
 flex_triton and cudnn (null where a backend cannot run, with the reason under <backend>_error).
 
@@ -51,6 +52,23 @@ FLEX_KERNEL_OPTIONS = {"flash": {"BACKEND": "FLASH"}, "triton": None}
 # a training step). --clocks then also runs it back to back for 2 s (sustained_clocks).
 TIMING = {"back_to_back": False, "clocks": False}
 _last_clocks = None  # the latest bench()'s sustained_clocks() and timed seconds per call under --clocks
+
+
+def kernel_seconds(fn, kernel_name, rep=20):
+    """GPU seconds per call of fn spent in kernels whose name contains kernel_name (torch.profiler's
+    device times): for a kernel of a few microseconds, events around the call would time the host's
+    launch instead."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(rep):
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if kernel_name in e.key]
+    if not events:
+        raise RuntimeError(f"the profiler recorded no kernel named *{kernel_name}*: {[e.key for e in prof.key_averages()]}")
+    return sum(getattr(e, "device_time_total", None) or e.cuda_time_total for e in events) / rep / 1e6
 
 
 def sustained_clocks(fn, seconds=2.0):
@@ -299,7 +317,8 @@ def main_fwd(args):
             record(row, "fm3", flops / t / 1e12)
             bn = kernels.block_n(d)
             summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
-            ts = bench(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn))
+            ts = kernel_seconds(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn),
+                                "block_summary_kernel")
             row["summary_pct"] = 100.0 * ts / t
             if flex:
                 flex_mask.set_family(sri_np, causal)
