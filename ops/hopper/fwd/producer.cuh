@@ -3,9 +3,9 @@
 // list of surviving key blocks a window of 128 blocks at a time; all four warps walk that list
 // and, per block, wait for a free stage of the K/V ring; when the block is partial each thread
 // turns one key column's bounds and block_mask into visibility bits for the tile's rows
-// (fm3::visible_bits, one 32-bit word per 32 rows); thread 0 writes the block's entry (index + partial tag) beside the
-// stage and issues the TMA loads of K and V (cp.async.bulk.tensor, 128-byte swizzle) completing
-// on the stage's "full" mbarrier. Q is loaded per tile into one of kQBuffers buffers on its own
+// (fm3::visible_bits and TileMask::block_mask_bits, one 32-bit word per 32 rows); thread 0 writes
+// the block's entry (index + partial tag) beside the stage and issues the TMA loads of K and V
+// (cp.async.bulk.tensor, 128-byte swizzle) completing on the stage's "full" mbarrier. Q is loaded per tile into one of kQBuffers buffers on its own
 // mbarrier, once the consumers hand that buffer back (q_empty). After a tile's blocks it posts
 // the tile boundary (tile_scheduler.cuh) and runs ahead into the next tile while the consumers
 // finish this one.
