@@ -22,9 +22,13 @@ def read_lines(path):
     with opener(path, "rt") as f:
         lines = f.read().split("\n")
     table = csv.reader(io.StringIO("\n".join(lines[1:])))  # line 1: "Kernel Name","<name>"
-    header = next(table)
-    i_src, i_exec = header.index("Source"), header.index("Instructions Executed")
-    i_smp = header.index("Warp Stall Sampling (All Samples)")
+    header = next(table, [])
+    try:
+        i_src, i_exec = header.index("Source"), header.index("Instructions Executed")
+        i_smp = header.index("Warp Stall Sampling (All Samples)")
+    except ValueError:
+        raise SystemExit(f"{path}: no ncu source-page table (Source, Instructions Executed, Warp Stall Sampling "
+                         f"columns); make it with scripts/gpu_profile.sh") from None
     rows = []
     for row in table:
         if len(row) > max(i_src, i_exec, i_smp):
