@@ -139,7 +139,7 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     bwd_ds_from_dp<kBlockM>(dp, s, [&](int j) {
       if constexpr (kStatsInRegs) return dlt[j];
       else return *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
-    });
+    }, t);
     uint32_t pp[kKs][4], pds[kKs][4];
 #pragma unroll
     for (int ps = 0; ps < kKs; ++ps)

@@ -109,7 +109,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     for (int j = 0; j < kQw / 8; ++j) dlt[j] = *reinterpret_cast<const float2*>(delta_t + j * 8 + 2 * t);
     gmma_wait<0>();
     fence_regs(dp);
-    bwd_ds_from_dp<kQw>(dp, s, [&](int j) { return dlt[j]; });
+    bwd_ds_from_dp<kQw>(dp, s, [&](int j) { return dlt[j]; }, t);
     // Both warpgroups have read the buffer for the previous tile (each waited for its products
     // before coming here); then this warpgroup's halves of dS^T and P^T: rows key_local (+8), 16-byte
     // chunk 4 cw + j of the 128-byte row, XOR-swizzled by (key % 8) as TMA would write it.
