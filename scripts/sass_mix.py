@@ -15,26 +15,41 @@ import io
 from pathlib import Path
 
 
-def read_mix(path, full_opcode=False):
-    """(kernel name, {opcode: executed}, {opcode: stall samples}) of one source-page CSV."""
+def read_source_page(path):
+    """(kernel name, [(SASS text, instructions executed, stall samples)]) of one ncu source-page CSV
+    (gzip or plain), in address order; rows without integer counts are left out."""
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt") as f:
         lines = f.read().split("\n")
     # Line 1: "Kernel Name","<name>"; line 2 on: the table.
     kernel = next(csv.reader([lines[0]]))[1] if lines and lines[0].startswith('"Kernel Name"') else Path(path).name
     table = csv.reader(io.StringIO("\n".join(lines[1:])))
-    header = next(table)
-    col_src, col_exec = header.index("Source"), header.index("Instructions Executed")
-    col_smp = header.index("Warp Stall Sampling (All Samples)")
-    executed, samples = collections.Counter(), collections.Counter()
+    header = next(table, [])
+    try:
+        col_src, col_exec = header.index("Source"), header.index("Instructions Executed")
+        col_smp = header.index("Warp Stall Sampling (All Samples)")
+    except ValueError:
+        raise SystemExit(f"{path}: no ncu source-page table (Source, Instructions Executed, Warp Stall Sampling "
+                         f"columns); make it with scripts/gpu_profile.sh") from None
+    rows = []
     for row in table:
-        if len(row) <= max(col_src, col_exec, col_smp) or not row[col_src].split():
+        if len(row) <= max(col_src, col_exec, col_smp):
             continue
         try:
-            n, s = int(row[col_exec]), int(row[col_smp])
+            rows.append((row[col_src].strip(), int(row[col_exec]), int(row[col_smp])))
         except ValueError:
             continue
-        words = row[col_src].split()
+    return kernel, rows
+
+
+def read_mix(path, full_opcode=False):
+    """(kernel name, {opcode: executed}, {opcode: stall samples}) of one source-page CSV."""
+    kernel, rows = read_source_page(path)
+    executed, samples = collections.Counter(), collections.Counter()
+    for src, n, s in rows:
+        words = src.split()
+        if not words:
+            continue
         op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
         key = op if full_opcode else op.split(".")[0]
         executed[key] += n

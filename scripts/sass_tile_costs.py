@@ -10,32 +10,15 @@ the runs of per-tile lines that hold the most samples.
     scripts/sass_tile_costs.py full/fm3_sass.csv.gz causal/fm3_sass.csv.gz [--top 12]
 """
 import argparse
-import csv
-import gzip
-import io
 import re
+
+from sass_mix import read_source_page  # scripts/: the directory of this script is on sys.path
 
 
 def read_lines(path):
     """[(SASS text, stall samples, instructions executed)] of one source-page CSV, in address order."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
-        lines = f.read().split("\n")
-    table = csv.reader(io.StringIO("\n".join(lines[1:])))  # line 1: "Kernel Name","<name>"
-    header = next(table, [])
-    try:
-        i_src, i_exec = header.index("Source"), header.index("Instructions Executed")
-        i_smp = header.index("Warp Stall Sampling (All Samples)")
-    except ValueError:
-        raise SystemExit(f"{path}: no ncu source-page table (Source, Instructions Executed, Warp Stall Sampling "
-                         f"columns); make it with scripts/gpu_profile.sh") from None
-    rows = []
-    for row in table:
-        if len(row) > max(i_src, i_exec, i_smp):
-            # branch targets are absolute addresses, which differ between two loads of one binary
-            rows.append((re.sub(r"0x[0-9a-f]{8,}", "ADDR", row[i_src].strip()), int(row[i_smp] or 0),
-                         int(row[i_exec] or 0)))
-    return rows
+    # branch targets are absolute addresses, which differ between two loads of one binary
+    return [(re.sub(r"0x[0-9a-f]{8,}", "ADDR", src), smp, n) for src, n, smp in read_source_page(path)[1]]
 
 
 def main():
