@@ -3,65 +3,110 @@
 // (bwd::dq_tile_offset) and arrive on dq_full; the writer adds each warpgroup's part to the
 // tile-blocked fp32 workspace with one bulk reduction (cp.reduce.async.bulk .add.f32) and hands the
 // buffer back on dq_empty once the reductions have read it. A workspace offset of -1 ends the
-// stream. Deterministic mode (a.dq_semaphore): before adding a tile, the writer waits until the
-// previous key block that contributes to that tile (the largest nb' < nb the producer of nb' would
-// not skip, bwd::classify_pair) has added its part, and after its own reductions have landed it
-// passes the tile on -- so every tile's sum is formed in key-block order. The search for that
-// predecessor stops at the tile's first contributing key block (dq_chain_start_kernel). The chain
-// only ever waits on blocks launched earlier (lower linear block index, see launch_wgmma), so it
-// cannot deadlock.
+// stream. Deterministic mode (a.dq_semaphore): every tile's sum is formed in key-block order. Before
+// adding a tile, the writer waits until the previous key block that contributes to that tile (the
+// largest nb' < nb the producer of nb' would not skip, bwd::classify_pair; the search stops at the
+// tile's first contributing key block, dq_chain_start_kernel) has added its part, and once its own
+// reductions have landed it passes the tile on. The consumers wait for the writer only to hand back
+// the buffer, so the rest runs while they compute the next tile: the writer reads that tile from the
+// Q / dO ring (Tr::kRingTileAhead), passes the current one on and waits for the next one's
+// predecessor. The chain only ever waits on blocks launched earlier (lower linear block index, see
+// launch_wgmma), so it cannot deadlock.
 #pragma once
 #include <stdint.h>
 
 #include "attn_args.h"  // BwdArgs
 #include "bwd/traits.cuh"
 #include "bwd_common.cuh"  // adds_to_tile, mask_head
+#include "fm3/mask.h"       // BlockEntry
 #include "sm90_primitives.cuh"
 
 namespace fm3::hopper::sm90 {
 
+// Adds the dQ tile in shared memory to the workspace at `off` (both warpgroups' parts, in order when
+// they overlap and `ordered`) and waits until the bulk reductions have read the buffer.
 template <class Tr>
-__device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm, const BwdBlock& blk) {
+__device__ __forceinline__ void dq_add_tile(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm, int64_t off, bool ordered) {
+#pragma unroll
+  for (int part = 0; part < Tr::kConsumerWGs; ++part) {
+    bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqWgFloats : 0),
+                        sm.sdQ + part * Tr::kDqWgFloats * 4, Tr::kDqWgFloats * 4);
+    if constexpr (!Tr::kDqOwnPart) {  // both parts add to the same elements
+      if (ordered && part + 1 < Tr::kConsumerWGs) {
+        bulk_commit();
+        bulk_wait<0>();
+      }
+    }
+  }
+  bulk_commit();
+  bulk_wait_read<0>();
+}
+
+// Deterministic mode (a.dq_semaphore set).
+template <class Tr>
+__device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm,
+                                                      const BwdBlock& blk) {
+  int32_t* sem = nullptr;  // the next tile's semaphore (null at the end) and predecessor (-1: none)
+  int prev = -1;
+  auto chain_of = [&](int h, int m0) {
+    const int64_t bh = static_cast<int64_t>(blk.b) * a.num_heads + h;
+    sem = a.dq_semaphore + bh * (a.lse_stride / Tr::kTileM) + m0 / Tr::kTileM;
+    const int64_t bhm = static_cast<int64_t>(blk.b) * a.mask_heads + bwd::mask_head(a, h);
+    const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
+    const int first = a.dq_chain_start[bhm * blk.n_mtiles + m0 / Tr::kTileM];  // <= blk.nb
+    for (prev = blk.nb - 1; prev >= first; --prev)
+      if (bwd::adds_to_tile(a, bhm, bm, m0, Tr::kTileM, prev, Tr::kTileN, blk.n_kblocks, blk.causal_offset)) break;
+    if (prev < first) prev = -1;
+  };
+  // kRingTileAhead: the k-th tile of this CTA from the ring's entry (one stage per tile, in order),
+  // read before tile k - 1's dq_empty; the consumers release tile k's stage only after that, so the
+  // producer cannot have refilled it.
+  auto find_tile = [&](int k) {
+    const int stage = k % Tr::kNumStages;
+    mbar_wait(sm.bar_full + 8 * stage, (k / Tr::kNumStages) & 1);
+    const int entry = sm.entry[stage];
+    sem = nullptr;
+    if (entry >= 0) chain_of(sm.head[stage], BlockEntry::block(entry) * Tr::kTileM);
+  };
+  auto wait_predecessor = [&]() {
+    if (sem == nullptr) return;
+    if (prev >= 0)
+      while (ld_acquire_gpu(sem) != prev + 1) __nanosleep(64);
+    fence_proxy_async_global();  // the reductions come after the predecessor's
+  };
+  constexpr bool kAhead = Tr::kRingTileAhead;
+  if constexpr (kAhead) find_tile(0);
   for (int k = 0;; ++k) {
+    if constexpr (kAhead) wait_predecessor();
     mbar_wait(sm.bar_dq_full, k & 1);
     const int64_t off = *sm.dq_off;
     if (off < 0) break;
-    int32_t* sem = nullptr;
-    if (a.dq_semaphore != nullptr) {
-      // The tile from its workspace offset: (head_off + m0) * head_dim, head_off = (b * H + h) * lse_stride.
+    if constexpr (!kAhead) {  // the tile from its workspace offset: (head_off + m0) * head_dim
       const int64_t row = off / Tr::kDim;
-      const int64_t bh = row / a.lse_stride;
-      const int m0 = static_cast<int>(row % a.lse_stride);
-      const int h = static_cast<int>(bh % a.num_heads);
-      sem = a.dq_semaphore + bh * (a.lse_stride / Tr::kTileM) + m0 / Tr::kTileM;
-      const int64_t bhm = static_cast<int64_t>(blk.b) * a.mask_heads + bwd::mask_head(a, h);
-      const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
-      const int first = a.dq_chain_start[bhm * blk.n_mtiles + m0 / Tr::kTileM];  // <= blk.nb
-      int prev = blk.nb - 1;
-      for (; prev >= first; --prev)
-        if (bwd::adds_to_tile(a, bhm, bm, m0, Tr::kTileM, prev, Tr::kTileN, blk.n_kblocks, blk.causal_offset)) break;
-      if (prev >= first)
-        while (ld_acquire_gpu(sem) != prev + 1) __nanosleep(64);
-      fence_proxy_async_global();  // the reductions below come after the predecessor's
+      chain_of(static_cast<int>((row / a.lse_stride) % a.num_heads), static_cast<int>(row % a.lse_stride));
+      wait_predecessor();
     }
-#pragma unroll
-    for (int part = 0; part < Tr::kConsumerWGs; ++part) {
-      bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqWgFloats : 0),
-                          sm.sdQ + part * Tr::kDqWgFloats * 4, Tr::kDqWgFloats * 4);
-      if constexpr (!Tr::kDqOwnPart) {  // both parts add to the same elements: in order when deterministic
-        if (sem != nullptr && part + 1 < Tr::kConsumerWGs) {
-          bulk_commit();
-          bulk_wait<0>();
-        }
-      }
-    }
-    bulk_commit();
-    bulk_wait_read<0>();
+    dq_add_tile<Tr>(a, sm, off, true);
+    int32_t* const done = sem;
+    if constexpr (kAhead) find_tile(k + 1);
     mbar_arrive(sm.bar_dq_empty);  // the buffer is read: the consumers may store the next tile
-    if (sem != nullptr) {
-      bulk_wait<0>();              // the reductions have landed in global memory
-      fence_proxy_async_global();  // ... before the tile is passed on
-      st_release_gpu(sem, blk.nb + 1);
+    bulk_wait<0>();                // the reductions have landed in global memory
+    fence_proxy_async_global();    // ... before the tile is passed on
+    st_release_gpu(done, blk.nb + 1);
+  }
+}
+
+template <class Tr>
+__device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm, const BwdBlock& blk) {
+  if (a.dq_semaphore != nullptr) {
+    bwd_dq_writer_ordered<Tr>(a, sm, blk);
+  } else {
+    for (int k = 0;; ++k) {
+      mbar_wait(sm.bar_dq_full, k & 1);
+      const int64_t off = *sm.dq_off;
+      if (off < 0) break;
+      dq_add_tile<Tr>(a, sm, off, false);
+      mbar_arrive(sm.bar_dq_empty);  // the buffer is read: the consumers may store the next tile
     }
   }
   bulk_wait<0>();  // every reduction has landed before the CTA exits
