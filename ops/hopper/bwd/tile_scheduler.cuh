@@ -4,11 +4,10 @@
 //   at once share that head's Q and dO in L2.
 // - Deterministic (dQ added in key-block order, bwd/dq_writer.cuh): each key block adds its dQ parts
 //   after the previous one of its head. With all key blocks of a head side by side the k-th
-//   resident one runs k write latencies behind the first (measured D=128 S=32K: full 371, causal
-//   document 117 TFLOP/s); with (batch, kv head) varying fastest, dQ's fp32 sums no longer meet in
-//   L2 (hit rate 34% against 97%; full 317). Groups of kDetKeyGroup key blocks per (batch, kv head),
-//   with the query tiles walked from the last (bwd/producer.cuh), keep most of both (full 368,
-//   causal document 306). BENCHMARKS.md, deterministic mode.
+//   resident one runs k write latencies behind the first; with (batch, kv head) varying fastest,
+//   dQ's fp32 sums no longer meet in L2. Groups of kDetKeyGroup key blocks per (batch, kv head), with
+//   the query tiles walked from the last (bwd/producer.cuh), keep most of both (BENCHMARKS.md,
+//   deterministic mode).
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
