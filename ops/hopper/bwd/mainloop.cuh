@@ -201,7 +201,9 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     fence_regs(dv);
     fence_regs(pp);
     fence_regs(pds);
-    ring.release(sm);  // Q, dO, lse2, delta of this stage are no longer read
+    // Q, dO, lse2, delta of this stage are no longer read. Released after write_dq, which the
+    // deterministic dQ writer relies on (Tr::kRingTileAhead).
+    ring.release(sm);
   }
 
   ring.wait_dq_buffer(sm);  // the end of the dQ stream
