@@ -16,9 +16,9 @@ from sass_mix import read_source_page  # scripts/: the directory of this script 
 
 
 def read_lines(path):
-    """[(SASS text, stall samples, instructions executed)] of one source-page CSV, in address order."""
-    # branch targets are absolute addresses, which differ between two loads of one binary
-    return [(re.sub(r"0x[0-9a-f]{8,}", "ADDR", src), smp, n) for src, n, smp in read_source_page(path)[1]]
+    """read_source_page's rows (SASS text, instructions executed, stall samples), with absolute branch
+    targets masked: they differ between two loads of one binary."""
+    return [(re.sub(r"0x[0-9a-f]{8,}", "ADDR", src), n, smp) for src, n, smp in read_source_page(path)[1]]
 
 
 def main():
@@ -30,7 +30,7 @@ def main():
     a, b = read_lines(args.more_blocks), read_lines(args.fewer_blocks)
     if [x[0] for x in a] != [x[0] for x in b]:
         raise SystemExit("the two source views are not of the same binary (their SASS lines differ)")
-    blocks = sum(x[2] for x in a) / max(1, sum(x[2] for x in b))  # rough ratio, for the split below
+    blocks = sum(x[1] for x in a) / max(1, sum(x[1] for x in b))  # rough ratio, for the split below
     role, roles = 0, []
     for text, _, _ in a:
         roles.append(role)
@@ -38,12 +38,12 @@ def main():
     cut = (1 + blocks) / 2 if blocks > 1.2 else 1.3
 
     def kind(i):
-        ea, eb = a[i][2], b[i][2]
+        ea, eb = a[i][1], b[i][1]
         if ea == 0 and eb == 0:
             return None
         return "per-block" if ea / max(eb, 1) > cut else "per-tile"
 
-    tot_a, tot_b = sum(x[1] for x in a), sum(x[1] for x in b)
+    tot_a, tot_b = sum(x[2] for x in a), sum(x[2] for x in b)
     print(f"stall samples: {args.more_blocks} {tot_a}, {args.fewer_blocks} {tot_b}")
     print("| role | code | samples (more blocks) | share | samples (fewer blocks) | share |")
     print("|---|---|---|---|---|---|")
@@ -52,8 +52,8 @@ def main():
         k = kind(i)
         if k:
             s = sums.setdefault((roles[i], k), [0, 0])
-            s[0] += a[i][1]
-            s[1] += b[i][1]
+            s[0] += a[i][2]
+            s[1] += b[i][2]
     for (r, k), (sa, sb) in sorted(sums.items()):
         print(f"| {r} | {k} | {sa} | {100 * sa / tot_a:.1f}% | {sb} | {100 * sb / tot_b:.1f}% |")
     runs, cur = [], None
@@ -68,11 +68,11 @@ def main():
             cur = {"role": roles[i], "first": i, "last": i, "lines": [i]}
             runs.append(cur)
     for r in runs:
-        r["sa"], r["sb"] = sum(a[i][1] for i in r["lines"]), sum(b[i][1] for i in r["lines"])
+        r["sa"], r["sb"] = sum(a[i][2] for i in r["lines"]), sum(b[i][2] for i in r["lines"])
     print("\n| role | SASS lines | samples (more blocks) | samples (fewer blocks) | line with the most samples |")
     print("|---|---|---|---|---|")
     for r in sorted(runs, key=lambda r: -(r["sa"] + r["sb"]))[:args.top]:
-        top = max(r["lines"], key=lambda i: a[i][1] + b[i][1])
+        top = max(r["lines"], key=lambda i: a[i][2] + b[i][2])
         print(f"| {r['role']} | {r['first']}-{r['last']} | {r['sa']} | {r['sb']} | `{a[top][0][:60]}` |")
 
 

@@ -71,7 +71,7 @@ struct TileMask {
   // all 0 where its block is dropped, else all 1 (the key column's bounds decide).
   __device__ __forceinline__ uint32_t block_mask_bits(int r0, int col) const {
     if (block_mask == nullptr || r0 >= seqlen_q || col >= seqlen_k) return ~0u;
-    return block_mask[(r0 / kBlockMaskSize) * bm_cols + col / kBlockMaskSize] ? ~0u : 0u;
+    return block_kept(block_mask, bm_cols, r0, col) ? ~0u : 0u;
   }
 
   // The class of key block nb for rows [m0, m1).

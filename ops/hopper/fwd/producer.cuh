@@ -7,9 +7,8 @@
 // the block's entry (index + partial tag) beside the stage and issues the TMA loads of K and V
 // (cp.async.bulk.tensor, 128-byte swizzle) completing on the stage's "full" mbarrier. Q is loaded
 // per tile into one of kQBuffers buffers on its own mbarrier, once the consumers hand that buffer
-// back (q_empty). After a tile's blocks it posts
-// the tile boundary (tile_scheduler.cuh) and runs ahead into the next tile while the consumers
-// finish this one.
+// back (q_empty). After a tile's blocks it posts the tile boundary (tile_scheduler.cuh) and runs
+// ahead into the next tile while the consumers finish this one.
 #pragma once
 #include <cuda.h>
 #include <stdint.h>

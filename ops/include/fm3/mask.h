@@ -183,14 +183,17 @@ FM3_HD TileClass apply_block_mask(TileClass cls, const int32_t* bm, int bm_cols,
   return any_drop ? kPartial : cls;
 }
 
+// block_mask's entry for element (row, col): false where the 128 x 128 block holding it is dropped.
+FM3_HD bool block_kept(const int32_t* bm, int bm_cols, int row, int col) {
+  return bm[(row / kBlockMaskSize) * bm_cols + col / kBlockMaskSize] != 0;
+}
+
 // Per-element visibility, used only on partial tiles.
 FM3_HD bool visible(const ColumnBounds& c, int row, int col, bool causal,
                     int causal_offset, const int32_t* bm, int bm_cols) {
   if (causal && col > row + causal_offset) return false;
   if (row_masked(c, row)) return false;
-  if (bm != nullptr &&
-      bm[(row / kBlockMaskSize) * bm_cols + col / kBlockMaskSize] == 0)
-    return false;
+  if (bm != nullptr && !block_kept(bm, bm_cols, row, col)) return false;
   return true;
 }
 
