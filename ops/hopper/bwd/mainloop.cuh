@@ -91,6 +91,18 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     const ColumnBounds* cb = ring.cb;
     const uint32_t qoff = stage * Tr::kQBytes;  // this stage's Q and dO
 
+    // 64-query tiles: this thread's queries' lse2 is read before S^T is issued (issued behind the
+    // HGMMAs, the loads completed only with S^T: ncu, 7% of the samples on the first use), and delta
+    // while dP^T is in flight (query pairs 2t, 2t + 1 are adjacent); 128-query tiles have no registers
+    // to spare for them.
+    constexpr bool kStatsInRegs = kBlockM == 64;
+    const float* lse_t = sm.lse + stage * kBlockM;
+    const float* delta_t = sm.delta + stage * kBlockM;
+    float2 l2[kBlockM / 8], dlt[kBlockM / 8];
+    if constexpr (kStatsInRegs) {
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) l2[j] = *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t);
+    }
     // S^T = K Q^T and dP^T = V dO^T: 64 keys x kBlockM queries each.
     float s[kS], dp[kS];
     gmma_fence();
@@ -110,16 +122,6 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     gmma_commit();
     // P^T and dS^T (fp32, in place; masked per element on partial tiles), packed as the register
     // A operands of dV and dK.
-    // 64-query tiles: this thread's queries' lse2 is read while S^T is in flight, and delta while dP^T
-    // is (query pairs 2t, 2t + 1 are adjacent); 128-query tiles have no registers to spare for them.
-    constexpr bool kStatsInRegs = kBlockM == 64;
-    const float* lse_t = sm.lse + stage * kBlockM;
-    const float* delta_t = sm.delta + stage * kBlockM;
-    float2 l2[kBlockM / 8], dlt[kBlockM / 8];
-    if constexpr (kStatsInRegs) {
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) l2[j] = *reinterpret_cast<const float2*>(lse_t + j * 8 + 2 * t);
-    }
     gmma_wait<1>();
     fence_regs(s);
     auto lse2_of = [&](int j) {
