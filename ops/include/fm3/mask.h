@@ -72,7 +72,8 @@ FM3_HD ColumnBounds load_column(const int32_t* col, int j, int mask_cols, bool c
 }
 
 FM3_HD bool row_masked(const ColumnBounds& c, int row) {
-  return (row >= c.lts && row < c.lte) || (row >= c.uts && row < c.ute);
+  // Bitwise, not short-circuit: the GPU kernels test it per element, and && / || made a branch of each.
+  return ((row >= c.lts) & (row < c.lte)) | ((row >= c.uts) & (row < c.ute));
 }
 
 // Bounds of key column j for any mask input: read from sri = &startend_row_indices[b, hm, 0, 0]
