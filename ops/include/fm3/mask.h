@@ -72,8 +72,12 @@ FM3_HD ColumnBounds load_column(const int32_t* col, int j, int mask_cols, bool c
 }
 
 FM3_HD bool row_masked(const ColumnBounds& c, int row) {
-  // Bitwise, not short-circuit: the GPU kernels test it per element, and && / || made a branch of each.
+#ifdef __CUDA_ARCH__
+  // Bitwise on the GPU: its kernels test this per element, and && / || made a branch of each.
   return ((row >= c.lts) & (row < c.lte)) | ((row >= c.uts) & (row < c.ute));
+#else
+  return (row >= c.lts && row < c.lte) || (row >= c.uts && row < c.ute);
+#endif
 }
 
 // Bounds of key column j for any mask input: read from sri = &startend_row_indices[b, hm, 0, 0]
