@@ -42,7 +42,7 @@ typedef struct DLManagedTensor {
 namespace {
 
 enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13 };
-enum { kDLInt = 0, kDLFloat = 2, kDLBfloat = 4 };
+enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
 
 // A borrowed view of one argument; the capsule (and so the tensor) stays alive with it.
 struct View {
@@ -300,23 +300,69 @@ void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::objec
   if (fm3_cuda_fwd(&c.p, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_fwd: ") + err);
 }
 
-// Backward: the forward's checks (plus dout, dq, dk, dv), then fm3_cuda_bwd.
+// Backward: the forward's checks (plus dout, dq, dk, dv) fill c and bp.
+struct BwdCall {
+  AttnCall c;
+  fm3_bwd_params bp{};
+};
+
+void prepare_bwd(BwdCall& b, py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
+                 py::object dout_, py::object sri_, py::object dq_, py::object dk_, py::object dv_,
+                 py::object block_mask_, bool causal, double softmax_scale, bool deterministic,
+                 uintptr_t stream_handle) {
+  View dout = view("dout", dout_), dq = view("dq", dq_), dk = view("dk", dk_), dv = view("dv", dv_);
+  prepare(b.c, q_, k_, v_, out_, lse_, sri_, block_mask_, causal, softmax_scale,
+          reinterpret_cast<void*>(stream_handle), {&dout, &dq, &dk, &dv}, fm3_cuda_bwd_block_n, "backward ");
+  b.bp.fwd = b.c.p;
+  b.bp.dout = dout.data();
+  b.bp.dq = dq.data();
+  b.bp.dk = dk.data();
+  b.bp.dv = dv.data();
+  b.bp.deterministic = deterministic ? 1 : 0;
+}
+
+// The backward; workspace: None (the library's pool) or a contiguous uint8 tensor on the GPU of
+// at least bwd_workspace_bytes, 256-byte aligned.
 void bwd(py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_, py::object dout_,
          py::object sri_, py::object dq_, py::object dk_, py::object dv_, py::object block_mask_, bool causal,
-         double softmax_scale, bool deterministic, uintptr_t stream_handle) {
-  View dout = view("dout", dout_), dq = view("dq", dq_), dk = view("dk", dk_), dv = view("dv", dv_);
-  AttnCall c;
-  prepare(c, q_, k_, v_, out_, lse_, sri_, block_mask_, causal, softmax_scale,
-          reinterpret_cast<void*>(stream_handle), {&dout, &dq, &dk, &dv}, fm3_cuda_bwd_block_n, "backward ");
-  fm3_bwd_params bp{};
-  bp.fwd = c.p;
-  bp.dout = dout.data();
-  bp.dq = dq.data();
-  bp.dk = dk.data();
-  bp.dv = dv.data();
-  bp.deterministic = deterministic ? 1 : 0;
+         double softmax_scale, bool deterministic, uintptr_t stream_handle, py::object workspace_) {
+  BwdCall b;
+  prepare_bwd(b, q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, causal, softmax_scale,
+              deterministic, stream_handle);
+  View ws;
+  if (!workspace_.is_none()) {
+    ws = view("workspace", workspace_);
+    expect_gpu(ws);
+    if (!(ws.t->dtype.code == kDLUInt && ws.t->dtype.bits == 8 && ws.t->dtype.lanes == 1) || ws.shape.size() != 1 ||
+        !ws.contiguous())
+      throw py::type_error("workspace must be a contiguous 1-D uint8 tensor, got shape " + ws.shape_str());
+    const size_t need = fm3_cuda_bwd_workspace_bytes(&b.bp);
+    if (static_cast<size_t>(ws.shape[0]) < need || reinterpret_cast<uintptr_t>(ws.data()) % 256 != 0)
+      throw py::value_error("workspace must hold at least " + std::to_string(need) +
+                            " bytes (bwd_workspace_bytes) at a 256-byte aligned address, got " +
+                            std::to_string(ws.shape[0]) + " bytes");
+    b.bp.workspace = ws.data();
+    b.bp.workspace_bytes = static_cast<size_t>(ws.shape[0]);
+  }
   char err[1024] = {0};
-  if (fm3_cuda_bwd(&bp, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_bwd: ") + err);
+  if (fm3_cuda_bwd(&b.bp, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_bwd: ") + err);
+}
+
+// The workspace bytes bwd with these arguments takes.
+size_t bwd_workspace_bytes(py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
+                           py::object dout_, py::object sri_, py::object dq_, py::object dk_, py::object dv_,
+                           py::object block_mask_, bool causal, double softmax_scale, bool deterministic,
+                           uintptr_t stream_handle) {
+  BwdCall b;
+  prepare_bwd(b, q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, causal, softmax_scale,
+              deterministic, stream_handle);
+  return fm3_cuda_bwd_workspace_bytes(&b.bp);
+}
+
+void release_workspace() {
+  char err[512] = {0};
+  if (fm3_cuda_release_workspace(err, sizeof err) != 0)
+    throw std::runtime_error(std::string("fm3_cuda_release_workspace: ") + err);
 }
 
 void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, int block_n, uintptr_t stream_handle) {
@@ -377,7 +423,13 @@ PYBIND11_MODULE(_fm3_dlpack, m) {
   m.def("block_n", &fm3_cuda_block_n, py::arg("head_dim"));
   m.def("bwd", &bwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("dout"),
         py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("block_mask"),
-        py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"), py::arg("stream"));
+        py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"), py::arg("stream"),
+        py::arg("workspace"));
+  m.def("bwd_workspace_bytes", &bwd_workspace_bytes, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+        py::arg("lse"), py::arg("dout"), py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+        py::arg("block_mask"), py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"),
+        py::arg("stream"));
+  m.def("release_workspace", &release_workspace);
   m.def("bwd_block_n", &fm3_cuda_bwd_block_n, py::arg("head_dim"));
   m.def("segment_workload", &segment_workload, py::arg("startend_row_indices"), py::arg("segment_size"),
         py::arg("tile"), py::arg("causal"));

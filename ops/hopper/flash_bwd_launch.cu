@@ -1,5 +1,5 @@
-// Host side of the Hopper backward: validates fm3_bwd_params, allocates the
-// stream-ordered workspace (lse2, delta, block summary at the backward's
+// Host side of the Hopper backward: validates fm3_bwd_params, lays out the workspace (the
+// caller's, or the library pool's, workspace.cu: lse2, delta, block summary at the backward's
 // block_n via fm3_cuda_block_summary, fp32 dQ accumulator), runs preprocess -> block summary -> main
 // kernel -> dQ conversion (the mma.sync fallback: the row-parallel dQ pass when deterministic),
 // with the tile config generated from yaml/kernel_configs.yaml
@@ -15,6 +15,7 @@
 #include "flash_bwd_wgmma.cuh"
 #include "fm3_cuda.h"
 #include "launch_common.h"
+#include "workspace.h"
 #include "fm3_generated_config.h"
 
 namespace fm3::hopper::bwd {
@@ -146,13 +147,54 @@ using namespace fm3::hopper::bwd;
 
 extern "C" int fm3_cuda_bwd_block_n(int head_dim) { return bwd_block_n(head_dim); }
 
+namespace fm3::hopper::bwd {
+namespace {
+
+// The backward's workspace: [dq_accum][lse2][delta][summary][dq_semaphore][dq_chain_start], each
+// 256-byte aligned. dq_accum has lse_stride rows per (batch, head): whole 64-row tiles for the
+// tile-blocked layout; the WGMMA kernel writes it in both modes (in key-block order when
+// deterministic: dq_semaphore and dq_chain_start, one int per 64 rows, enough for any block_m).
+struct WorkspaceLayout {
+  size_t accum, rows, summary, sem, chain;
+  size_t total() const { return accum + 2 * rows + summary + sem + chain; }
+};
+
+WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
+  const fm3_fwd_params* p = &bp->fwd;
+  const size_t lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
+  const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * lse_stride;
+  const int block_n = bwd_block_n(p->head_dim);
+  const size_t n_kblocks = block_n > 0 ? (p->seqlen_k + block_n - 1) / block_n : 0;
+  const bool det = bp->deterministic != 0;
+  AttnArgs a{};
+  fill_attn_args(a, p);  // its mask_heads: 1 without a mask
+  WorkspaceLayout w;
+  w.accum = round_up(rows * p->head_dim * sizeof(float));
+  w.rows = round_up(rows * sizeof(float));
+  w.summary = p->startend_row_indices
+                  ? round_up(sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * a.mask_heads * n_kblocks)
+                  : 0;
+  w.sem = det ? round_up(rows / 64 * sizeof(int32_t)) : 0;
+  w.chain = det ? round_up(static_cast<size_t>(p->batch) * a.mask_heads * (lse_stride / 64) * sizeof(int32_t)) : 0;
+  return w;
+}
+
+}  // namespace
+}  // namespace fm3::hopper::bwd
+
+extern "C" size_t fm3_cuda_bwd_workspace_bytes(const fm3_bwd_params* bp) {
+  return bp == nullptr ? 0 : workspace_layout(bp).total();
+}
+
 extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len) {
   if (check_params(bp, err, err_len) != 0) return 1;
   const fm3_fwd_params* p = &bp->fwd;
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-  const int block_n = bwd_block_n(p->head_dim);
-  const int n_kblocks = (p->seqlen_k + block_n - 1) / block_n;
   const bool deterministic = bp->deterministic != 0;
+  const WorkspaceLayout w = workspace_layout(bp);
+  if (bp->workspace != nullptr && (bp->workspace_bytes < w.total() || reinterpret_cast<uintptr_t>(bp->workspace) % 256))
+    return fail(err, err_len, "workspace must be 256-byte aligned and hold %zu bytes, got %zu bytes at %p", w.total(),
+                bp->workspace_bytes, bp->workspace);
 
   BwdArgs a{};
   fill_attn_args(a, p);
@@ -163,34 +205,22 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
   a.scale = p->softmax_scale;
   const int mask_heads = a.mask_heads;
+  const int block_n = bwd_block_n(p->head_dim);
 
-  // Workspace: [dq_accum][lse2][delta][summary][dq_semaphore][dq_chain_start], each 256-byte
-  // aligned. dq_accum has lse_stride rows per (batch, head): whole 64-row tiles for the tile-blocked
-  // layout; the WGMMA kernel writes it in both modes (in key-block order when deterministic:
-  // dq_semaphore and dq_chain_start, one int per 64 rows, enough for any block_m).
-  const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride;
-  const size_t accum_bytes = round_up(rows * p->head_dim * sizeof(float));
-  const size_t row_bytes = round_up(static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride * sizeof(float));
-  const size_t summary_bytes =
-      p->startend_row_indices ? round_up(sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * mask_heads * n_kblocks) : 0;
-  const size_t sem_bytes = deterministic ? round_up(rows / 64 * sizeof(int32_t)) : 0;
-  const size_t chain_bytes =
-      deterministic ? round_up(static_cast<size_t>(p->batch) * mask_heads * (a.lse_stride / 64) * sizeof(int32_t)) : 0;
-  char* ws = nullptr;
-  FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws),
-                                 accum_bytes + 2 * row_bytes + summary_bytes + sem_bytes + chain_bytes + 256, stream));
+  char* ws = static_cast<char*>(bp->workspace);
+  if (ws == nullptr) FM3_CUDA_CHECK(workspace_alloc(reinterpret_cast<void**>(&ws), w.total(), stream));
   a.dq_accum = reinterpret_cast<float*>(ws);
-  a.lse2 = reinterpret_cast<float*>(ws + accum_bytes);
-  a.delta = reinterpret_cast<float*>(ws + accum_bytes + row_bytes);
-  a.summary = p->startend_row_indices ? reinterpret_cast<fm3::BlockSummary*>(ws + accum_bytes + 2 * row_bytes) : nullptr;
-  a.dq_semaphore = deterministic ? reinterpret_cast<int32_t*>(ws + accum_bytes + 2 * row_bytes + summary_bytes) : nullptr;
-  a.dq_chain_start =
-      deterministic ? reinterpret_cast<int32_t*>(ws + accum_bytes + 2 * row_bytes + summary_bytes + sem_bytes) : nullptr;
+  a.lse2 = reinterpret_cast<float*>(ws + w.accum);
+  a.delta = reinterpret_cast<float*>(ws + w.accum + w.rows);
+  a.summary = w.summary ? reinterpret_cast<fm3::BlockSummary*>(ws + w.accum + 2 * w.rows) : nullptr;
+  a.dq_semaphore = deterministic ? reinterpret_cast<int32_t*>(ws + w.accum + 2 * w.rows + w.summary) : nullptr;
+  a.dq_chain_start = deterministic ? reinterpret_cast<int32_t*>(ws + w.accum + 2 * w.rows + w.summary + w.sem) : nullptr;
+  const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride;
 
   int rc = 0;
   cudaError_t e = cudaSuccess;
   e = cudaMemsetAsync(a.dq_accum, 0, rows * p->head_dim * sizeof(float), stream);
-  if (e == cudaSuccess && deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, sem_bytes, stream);
+  if (e == cudaSuccess && deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, w.sem, stream);
   if (e == cudaSuccess && p->startend_row_indices != nullptr)
     rc = fm3_cuda_block_summary(p->startend_row_indices, p->batch, mask_heads, p->seqlen_q, p->seqlen_k,
                                 p->mask_cols, p->causal, block_n,
@@ -203,7 +233,9 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
              ? dispatch<__nv_bfloat16>(a, p->head_dim, deterministic, p->out, p->softmax_lse, stream, err, err_len)
              : dispatch<__half>(a, p->head_dim, deterministic, p->out, p->softmax_lse, stream, err, err_len);
   }
-  e = cudaFreeAsync(ws, stream);
-  if (rc == 0 && e != cudaSuccess) return fail(err, err_len, "cudaFreeAsync: %s", cudaGetErrorString(e));
+  if (bp->workspace == nullptr) {
+    e = workspace_free(ws, stream);
+    if (rc == 0 && e != cudaSuccess) return fail(err, err_len, "workspace free: %s", cudaGetErrorString(e));
+  }
   return rc;
 }

@@ -13,6 +13,7 @@
 #include "block_summary.cuh"
 #include "fm3_cuda.h"
 #include "launch_common.h"
+#include "workspace.h"
 #include "fm3_generated_config.h"
 #include "flash_fwd_mma_sync.cuh"
 #include "flash_fwd_wgmma.cuh"
@@ -155,7 +156,7 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
                                    ? sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * a.mask_heads * n_blocks
                                    : 0;
   char* ws = nullptr;
-  FM3_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ws), 256 + summary_bytes, stream));
+  FM3_CUDA_CHECK(workspace_alloc(reinterpret_cast<void**>(&ws), 256 + summary_bytes, stream));
   a.tile_counter = reinterpret_cast<int*>(ws);
   a.summary = nullptr;
   if (p->startend_row_indices != nullptr) {
@@ -163,28 +164,28 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
     cudaError_t e = launch_block_summary(p->startend_row_indices, p->batch * a.mask_heads, p->seqlen_q,
                                          p->seqlen_k, p->mask_cols, a.causal, block_n, summary, stream);
     if (e != cudaSuccess) {
-      cudaFreeAsync(ws, stream);
+      workspace_free(ws, stream);
       return fail(err, err_len, "block summary launch: %s", cudaGetErrorString(e));
     }
     a.summary = summary;
   }
   int rc = p->dtype == FM3_BFLOAT16 ? dispatch<__nv_bfloat16>(a, p->head_dim, stream, err, err_len)
                                     : dispatch<__half>(a, p->head_dim, stream, err, err_len);
-  cudaError_t e = cudaFreeAsync(ws, stream);
-  if (rc == 0 && e != cudaSuccess) return fail(err, err_len, "cudaFreeAsync: %s", cudaGetErrorString(e));
+  cudaError_t e = workspace_free(ws, stream);
+  if (rc == 0 && e != cudaSuccess) return fail(err, err_len, "workspace free: %s", cudaGetErrorString(e));
   return rc;
 }
 
 extern "C" int fm3_cuda_upload(const void* host, size_t bytes, void* stream, void** dev_out, char* err,
                                size_t err_len) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  FM3_CUDA_CHECK(cudaMallocAsync(dev_out, bytes, s));
+  FM3_CUDA_CHECK(workspace_alloc(dev_out, bytes, s));
   FM3_CUDA_CHECK(cudaMemcpyAsync(*dev_out, host, bytes, cudaMemcpyHostToDevice, s));
   FM3_CUDA_CHECK(cudaStreamSynchronize(s));  // the host buffer may go away after return
   return 0;
 }
 
 extern "C" int fm3_cuda_free(void* dev, void* stream, char* err, size_t err_len) {
-  FM3_CUDA_CHECK(cudaFreeAsync(dev, static_cast<cudaStream_t>(stream)));
+  FM3_CUDA_CHECK(workspace_free(dev, static_cast<cudaStream_t>(stream)));
   return 0;
 }

@@ -36,12 +36,22 @@ int fm3_cuda_block_n(int head_dim);
  * are fully written (0 where no visible pair contributes). deterministic != 0
  * makes dQ bitwise repeatable: each query tile's fp32 sum is formed in key-block
  * order (the mma.sync fallback: a row-parallel pass without atomics). The
- * workspace (fp32 dQ accumulator, row statistics, block summary) is allocated
- * stream-ordered and freed on p->fwd.stream. */
+ * workspace (fp32 dQ accumulator, row statistics, block summary) is p->workspace
+ * when given, else taken from the library's workspace pool on p->fwd.stream. */
 int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
 
 /* The key-block width (columns per CTA) the backward kernel uses (0 if none). */
 int fm3_cuda_bwd_block_n(int head_dim);
+
+/* Device workspace bytes fm3_cuda_bwd needs for p (reads p->fwd's sizes, whether it has
+ * startend_row_indices, its mask_heads, and p->deterministic). */
+size_t fm3_cuda_bwd_workspace_bytes(const fm3_bwd_params* p);
+
+/* The launchers' own workspace (the backward's when p->workspace is NULL, the forward's block
+ * summary, staged host masks) comes from a memory pool per device that keeps the memory it took
+ * between calls, as a framework's caching allocator does. This hands what it keeps back to the
+ * driver (all devices; memory still in use by enqueued work stays). */
+int fm3_cuda_release_workspace(char* err, size_t err_len);
 
 /* Small helpers so bindings without their own CUDA runtime can stage host
  * masks: stream-ordered device allocation, host->device copy, free. */

@@ -24,6 +24,7 @@
 
 extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len);
 extern "C" int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
+extern "C" size_t fm3_cuda_bwd_workspace_bytes(const fm3_bwd_params* p);
 #endif
 
 namespace {
@@ -225,6 +226,12 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
 #ifdef FM3_WITH_CUDA
     LaunchOnDevice on_device(q.place());
     bp.fwd.stream = on_device.stream();
+    // The workspace (fp32 dQ accumulator, row statistics) from Paddle's allocator, on the stream
+    // the kernels run on: Paddle accounts for it and reuses it.
+    auto workspace = paddle::empty({static_cast<int64_t>(fm3_cuda_bwd_workspace_bytes(&bp))},
+                                   paddle::DataType::UINT8, q.place());
+    bp.workspace = workspace.data();
+    bp.workspace_bytes = static_cast<size_t>(workspace.numel());
     raise_on_error(fm3_cuda_bwd(&bp, err, sizeof(err)), err);
 #else
     PD_THROW("paddle_fm3 was built without CUDA kernels; move the tensors to CPU");

@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import _checks, mask_builders, mask_semantics  # numpy only: importing them needs no Paddle
 
-__all__ = ["flashmask_fwd", "flashmask_bwd", "block_summary", "block_n", "bwd_block_n", "segment_workload",
-           "check_segment_sizes", "MAX_SEGMENTS", "available"]
+__all__ = ["flashmask_fwd", "flashmask_bwd", "bwd_workspace_bytes", "release_workspace", "block_summary", "block_n",
+           "bwd_block_n", "segment_workload", "check_segment_sizes", "MAX_SEGMENTS", "available"]
 
 _EXT = None
 
@@ -132,7 +132,7 @@ def bwd_block_n(head_dim: int) -> int:
 
 def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,
                   softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
-                  deterministic: bool = False, stream: int = 0) -> None:
+                  deterministic: bool = False, stream: int = 0, workspace=None) -> None:
     """FlashMask attention backward on the GPU, written into caller-allocated ``dq``, ``dk``, ``dv``.
 
     Column-parallel FlashAttention-2 backward (Dao, 2023, Alg. 2) with FlashMask block skipping
@@ -152,6 +152,9 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
         dq: ``[B, S_q, H, D]``, written; same strides as ``q``.
         dk, dv: ``[B, S_k, H_k, D]``, written; same strides as ``k`` / ``v``.
         deterministic: order the dQ accumulation (bitwise repeatable, slower).
+        workspace: ``None`` (the library's workspace pool, which keeps its memory between calls:
+            :func:`release_workspace`), or a contiguous 1-D uint8 GPU tensor of at least
+            :func:`bwd_workspace_bytes` bytes, 256-byte aligned (memory from the caller's allocator).
 
     Raises:
         TypeError: non-tensor argument, wrong dtype, non-bool ``causal``/``deterministic``.
@@ -164,7 +167,28 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
     startend_row_indices, causal, softmax_scale = _common_args(
         q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
     _ext().bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, causal,
-               softmax_scale, deterministic, int(stream))
+               softmax_scale, deterministic, int(stream), workspace)
+
+
+def bwd_workspace_bytes(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,
+                        softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
+                        deterministic: bool = False, stream: int = 0) -> int:
+    """Bytes of GPU workspace :func:`flashmask_bwd` takes with these arguments (fp32 dQ
+    accumulator, row statistics, block summary; the deterministic order's counters). Checks the
+    arguments as :func:`flashmask_bwd` does."""
+    deterministic = _checks.check_bool("deterministic", deterministic)
+    for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
+        _shape(name, x)
+    startend_row_indices, causal, softmax_scale = _common_args(
+        q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
+    return int(_ext().bwd_workspace_bytes(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask,
+                                          causal, softmax_scale, deterministic, int(stream)))
+
+
+def release_workspace() -> None:
+    """Hands the memory the library's workspace pool keeps between calls back to the driver (every
+    device; what enqueued work still uses stays)."""
+    _ext().release_workspace()
 
 
 def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, block_n: int,

@@ -236,6 +236,29 @@ def test_deterministic(d):
     assert (dq1.float() - dqa.float()).abs().max().item() <= 1e-2 * max(1.0, dq1.float().abs().max().item())
 
 
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_caller_workspace(d):
+    """A caller's workspace (the Paddle op's path) gives the pool's gradients bitwise (deterministic
+    order); one byte short, a misaligned or a non-uint8 one is a ValueError / TypeError before any
+    kernel; release_workspace hands the pool's memory back and the next call takes it again."""
+    sri, causal = family_mask("causal_document", 700, 33)
+    q, k, v = make_qkv(1, 700, 700, 4, 2, d, DTYPES["bf16"], 33)
+    _, (dq1, dk1, dv1), (out, lse, do) = check_bwd(q, k, v, sri, causal, "bf16", deterministic=True, seed=33)
+    sri_dev = torch.from_numpy(sri).cuda()
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+    need = kernels.bwd_workspace_bytes(q, k, v, out, lse, do, sri_dev, *grads, causal=causal, deterministic=True)
+    assert need >= 700 * 4 * d * 4  # at least the fp32 dQ accumulator
+    ws = torch.full((need + 512,), 0xAB, dtype=torch.uint8, device="cuda")  # stale contents
+    dq2, dk2, dv2 = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=True, workspace=ws[:need])
+    assert torch.equal(dq1, dq2) and torch.equal(dk1, dk2) and torch.equal(dv1, dv2)
+    for bad, err in ((ws[:need - 1], ValueError), (ws[1:need + 1], ValueError), (ws.view(torch.int32), TypeError)):
+        with pytest.raises(err):
+            run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=True, workspace=bad)
+    kernels.release_workspace()
+    dq3, dk3, dv3 = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=True)
+    assert torch.equal(dq1, dq3) and torch.equal(dk1, dk3) and torch.equal(dv1, dv3)
+
+
 def test_fwd_bwd_chain():
     """Forward kernel -> backward kernel, checked against the float64 reference."""
     sri, causal = family_mask("share_question", 513, 41)

@@ -39,7 +39,9 @@ typedef struct {
 } fm3_fwd_params;
 
 /* Backward: fwd holds q, k, v, out, softmax_lse (inputs here) and the mask;
- * dout, dq, dk, dv share q's/k's/v's/out's strides respectively. */
+ * dout, dq, dk, dv share q's/k's/v's/out's strides respectively. workspace: NULL, or device
+ * memory of workspace_bytes >= fm3_cuda_bwd_workspace_bytes(p), 256-byte aligned, that the GPU
+ * backward uses instead of its own pool (a framework's allocator; unused on CPU). */
 typedef struct {
   fm3_fwd_params fwd;
   const void* dout;
@@ -47,6 +49,8 @@ typedef struct {
   void* dk;
   void* dv;
   int deterministic;
+  void* workspace;
+  size_t workspace_bytes;
 } fm3_bwd_params;
 
 /* The shape rule of startend_row_indices, checked here for every C/C++ entry (the Paddle op,
