@@ -424,7 +424,7 @@ PYBIND11_MODULE(_fm3_dlpack, m) {
   m.def("bwd", &bwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("dout"),
         py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("block_mask"),
         py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"), py::arg("stream"),
-        py::arg("workspace"));
+        py::arg("workspace") = py::none());
   m.def("bwd_workspace_bytes", &bwd_workspace_bytes, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("lse"), py::arg("dout"), py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
         py::arg("block_mask"), py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"),
