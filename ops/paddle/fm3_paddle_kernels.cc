@@ -227,11 +227,13 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
     LaunchOnDevice on_device(q.place());
     bp.fwd.stream = on_device.stream();
     // The workspace (fp32 dQ accumulator, row statistics) from Paddle's allocator, on the stream
-    // the kernels run on: Paddle accounts for it and reuses it.
-    auto workspace = paddle::empty({static_cast<int64_t>(fm3_cuda_bwd_workspace_bytes(&bp))},
-                                   paddle::DataType::UINT8, q.place());
-    bp.workspace = workspace.data();
-    bp.workspace_bytes = static_cast<size_t>(workspace.numel());
+    // the kernels run on: Paddle accounts for it and reuses it. 256 bytes more, so that its start
+    // can be aligned whatever alignment the allocator gives.
+    const size_t need = fm3_cuda_bwd_workspace_bytes(&bp);
+    auto workspace = paddle::empty({static_cast<int64_t>(need + 256)}, paddle::DataType::UINT8, q.place());
+    const uintptr_t ws = reinterpret_cast<uintptr_t>(workspace.data());
+    bp.workspace = reinterpret_cast<void*>((ws + 255) & ~static_cast<uintptr_t>(255));
+    bp.workspace_bytes = need;
     raise_on_error(fm3_cuda_bwd(&bp, err, sizeof(err)), err);
 #else
     PD_THROW("paddle_fm3 was built without CUDA kernels; move the tensors to CPU");
