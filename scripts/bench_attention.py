@@ -54,10 +54,10 @@ TIMING = {"back_to_back": False, "clocks": False}
 _last_clocks = None  # the latest bench()'s sustained_clocks() and timed seconds per call under --clocks
 
 
-def kernel_seconds(fn, kernel_name, rep=20):
-    """GPU seconds per call of fn spent in kernels whose name contains kernel_name (torch.profiler's
-    device times): for a kernel of a few microseconds, events around the call would time the host's
-    launch instead."""
+def kernel_times(fn, rep=20):
+    """GPU seconds per call of fn in each kernel it launches (name -> seconds; torch.profiler's device
+    events): for a kernel of a few microseconds, events around the call would time the host's launch
+    instead."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -65,10 +65,20 @@ def kernel_seconds(fn, kernel_name, rep=20):
         for _ in range(rep):
             fn()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if kernel_name in e.key]
-    if not events:
-        raise RuntimeError(f"the profiler recorded no kernel named *{kernel_name}*: {[e.key for e in prof.key_averages()]}")
-    return sum(getattr(e, "device_time_total", None) or e.cuda_time_total for e in events) / rep / 1e6
+    times = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / rep / 1e6
+    return times
+
+
+def kernel_seconds(fn, kernel_name, rep=20):
+    """GPU seconds per call of fn spent in kernels whose name contains kernel_name (kernel_times)."""
+    times = kernel_times(fn, rep)
+    hits = [t for name, t in times.items() if kernel_name in name]
+    if not hits:
+        raise RuntimeError(f"the profiler recorded no kernel named *{kernel_name}*: {sorted(times)}")
+    return sum(hits)
 
 
 def sustained_clocks(fn, seconds=2.0):

@@ -14,22 +14,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import bench_attention as ba  # noqa: E402
 
 
-def kernel_times(torch, fn, calls=3):
-    """Microseconds per call of each kernel fn launches (name -> time)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    tot = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            tot[e.name[:70]] = tot.get(e.name[:70], 0.0) + e.time_range.elapsed_us() / calls
-    return tot
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bwd", action="store_true", help="the backward (else the forward)")
@@ -60,13 +44,13 @@ def main():
             flops = 4.0 * h * d * pairs
             fn = lambda: ba.kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)  # noqa: E731
         t = ba.bench(fn, warmup=2, rep=7)
-        kt = kernel_times(torch, fn)
-        ks = sum(kt.values()) / 1e6
+        kt = ba.kernel_times(fn, rep=3)
+        ks = sum(kt.values())
         print(f"{fam} S={s} B={b} D={d}: event {t * 1e3:.3f} ms ({flops / t / 1e12:.0f} TFLOP/s), "
               f"kernels {ks * 1e3:.3f} ms ({flops / ks / 1e12:.0f} TFLOP/s), gap {(t - ks) * 1e3:.3f} ms", flush=True)
         if i == 0:
-            for name, us in sorted(kt.items(), key=lambda z: -z[1]):
-                print(f"    {us / 1e3:8.3f} ms  {name}")
+            for name, sec in sorted(kt.items(), key=lambda z: -z[1]):
+                print(f"    {sec * 1e3:8.3f} ms  {name[:70]}")
         del q, k, v, do, out, lse, dq, dk, dv
         torch.cuda.empty_cache()
 

@@ -155,13 +155,14 @@ namespace {
 // tile-blocked layout; the WGMMA kernel writes it in both modes (in key-block order when
 // deterministic: dq_semaphore and dq_chain_start, one int per 64 rows, enough for any block_m).
 struct WorkspaceLayout {
+  int lse_stride;  // rows per (batch, head) of dq_accum, lse2 and delta
   size_t accum, rows, summary, sem, chain;
   size_t total() const { return accum + 2 * rows + summary + sem + chain; }
 };
 
 WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
   const fm3_fwd_params* p = &bp->fwd;
-  const size_t lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
+  const int lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * lse_stride;
   const int block_n = bwd_block_n(p->head_dim);
   const size_t n_kblocks = block_n > 0 ? (p->seqlen_k + block_n - 1) / block_n : 0;
@@ -169,6 +170,7 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
   AttnArgs a{};
   fill_attn_args(a, p);  // its mask_heads: 1 without a mask
   WorkspaceLayout w;
+  w.lse_stride = lse_stride;
   w.accum = round_up(rows * p->head_dim * sizeof(float));
   w.rows = round_up(rows * sizeof(float));
   w.summary = p->startend_row_indices
@@ -202,7 +204,7 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.dq = bp->dq;
   a.dk = bp->dk;
   a.dv = bp->dv;
-  a.lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
+  a.lse_stride = w.lse_stride;
   a.scale = p->softmax_scale;
   const int mask_heads = a.mask_heads;
   const int block_n = bwd_block_n(p->head_dim);

@@ -161,28 +161,37 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
         ValueError: shapes, strides, devices, head_dim or scale out of contract.
         RuntimeError: a CUDA error from the kernel launch.
     """
-    deterministic = _checks.check_bool("deterministic", deterministic)
-    for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
-        _shape(name, x)
-    startend_row_indices, causal, softmax_scale = _common_args(
-        q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
-    _ext().bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, causal,
-               softmax_scale, deterministic, int(stream), workspace)
+    _ext().bwd(*_bwd_args(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, causal, softmax_scale,
+                          window_size, block_mask, deterministic, stream), workspace)
 
 
 def bwd_workspace_bytes(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,
                         softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
                         deterministic: bool = False, stream: int = 0) -> int:
-    """Bytes of GPU workspace :func:`flashmask_bwd` takes with these arguments (fp32 dQ
-    accumulator, row statistics, block summary; the deterministic order's counters). Checks the
-    arguments as :func:`flashmask_bwd` does."""
+    """Bytes of GPU workspace :func:`flashmask_bwd` takes with these arguments: the fp32 dQ
+    accumulator (4 bytes per element of ``q``, rows padded to 128), lse2 and delta rows, the block
+    summary with ``startend_row_indices``, and with ``deterministic=True`` the dQ order's counters
+    (``ops/hopper/flash_bwd_launch.cu``, ``workspace_layout``).
+
+    Args: as :func:`flashmask_bwd` (same shapes, dtypes and devices).
+
+    Raises: as :func:`flashmask_bwd`'s checks (TypeError, ValueError), before any kernel.
+    """
+    return int(_ext().bwd_workspace_bytes(*_bwd_args(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv,
+                                                     causal, softmax_scale, window_size, block_mask, deterministic,
+                                                     stream)))
+
+
+def _bwd_args(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, causal, softmax_scale, window_size,
+              block_mask, deterministic, stream):
+    """The backward's arguments checked and in the extension's order (its bwd and bwd_workspace_bytes)."""
     deterministic = _checks.check_bool("deterministic", deterministic)
     for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _shape(name, x)
     startend_row_indices, causal, softmax_scale = _common_args(
         q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
-    return int(_ext().bwd_workspace_bytes(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask,
-                                          causal, softmax_scale, deterministic, int(stream)))
+    return (q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, causal, softmax_scale,
+            deterministic, int(stream))
 
 
 def release_workspace() -> None:
