@@ -3,8 +3,9 @@
 // a query head, the dQ workspace tile order, and the kernels around the main pass (all launched by
 // flash_bwd_launch.cu):
 //   bwd_preprocess_kernel  delta = rowsum(dO * O) and lse2 = lse * log2(e)
-//                          (+inf for a fully masked row, so its P is exactly 0).
-//   bwd_convert_dq_kernel  dq = softmax_scale * dq_accum, cast to T.
+//                          (+inf for a fully masked row, so its P is exactly 0); clears dq_accum.
+//   bwd_convert_dq_kernel  dq = softmax_scale * dq_accum, cast to T (bwd_convert_dq_tiled_kernel:
+//                          from the WGMMA kernel's tile-blocked accumulator).
 #pragma once
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -56,50 +57,57 @@ __device__ __forceinline__ int mask_head(const BwdArgs& a, int h) {
 // ---------------------------------------------------------------------------
 // delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] (fp32) and
 // lse2[b, h, i] = lse * log2(e), +inf where lse = -inf (no visible key);
-// rows i in [seqlen_q, lse_stride) are padding: lse2 = +inf, delta = 0.
-// One warp per row; grid.x * 8 warps >= batch * num_heads * lse_stride.
+// rows i in [seqlen_q, lse_stride) are padding: lse2 = +inf, delta = 0. Each row also clears its
+// head_dim floats of the dQ accumulator (the accumulator's w-th chunk, whatever its layout: the
+// rows cover it whole), which spares a memset's pass over it.
+// kLanesPerRow lanes per row (one 16-byte chunk of O and dO each at head dims 64 and 128), so every
+// lane loads; grid.x * 8 warps * (32 / kLanesPerRow) rows >= batch * num_heads * lse_stride.
+template <int kHeadDim>
+constexpr int kPrepLanesPerRow = kHeadDim / 8 < 32 ? kHeadDim / 8 : 32;
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
     bwd_preprocess_kernel(const T* __restrict__ out, const T* __restrict__ dout, const float* __restrict__ lse,
-                          float* __restrict__ delta, float* __restrict__ lse2, int64_t o_bs, int64_t o_rs,
-                          int64_t o_hs, int num_heads, int seqlen_q, int lse_stride, int64_t n_rows) {
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (w >= n_rows) return;
-  const int i = static_cast<int>(w % lse_stride);
+                          float* __restrict__ delta, float* __restrict__ lse2, float* __restrict__ dq_accum,
+                          int64_t o_bs, int64_t o_rs, int64_t o_hs, int num_heads, int seqlen_q, int lse_stride,
+                          int64_t n_rows) {
+  constexpr int kChunks = kHeadDim / 8, kLanes = kPrepLanesPerRow<kHeadDim>, kRowsPerWarp = 32 / kLanes;
+  const int lane = threadIdx.x % 32, sub = lane % kLanes;
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32) * kRowsPerWarp + lane / kLanes;
+  const bool in_range = w < n_rows;  // no early return: the row's lanes reduce with full-warp shuffles
+  if (in_range) {
+    float4* acc = reinterpret_cast<float4*>(dq_accum + w * kHeadDim);
+#pragma unroll
+    for (int c = sub; c < kHeadDim / 4; c += kLanes) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const int i = in_range ? static_cast<int>(w % lse_stride) : seqlen_q;
   const int64_t bh = w / lse_stride;
-  if (i >= seqlen_q) {
-    if (lane == 0) {
-      delta[w] = 0.f;
-      lse2[w] = CUDART_INF_F;
-    }
-    return;
-  }
-  const int h = static_cast<int>(bh % num_heads), b = static_cast<int>(bh / num_heads);
-  const int64_t off = b * o_bs + static_cast<int64_t>(i) * o_rs + h * o_hs;
-  constexpr int kChunks = kHeadDim / 8;
   float sum = 0.f;
-  for (int c = lane; c < kChunks; c += 32) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(out + off + c * 8);
-    const uint4 dv = *reinterpret_cast<const uint4*>(dout + off + c * 8);
-    const T* o8 = reinterpret_cast<const T*>(&ov);
-    const T* d8 = reinterpret_cast<const T*>(&dv);
+  if (i < seqlen_q) {
+    const int h = static_cast<int>(bh % num_heads), b = static_cast<int>(bh / num_heads);
+    const int64_t off = b * o_bs + static_cast<int64_t>(i) * o_rs + h * o_hs;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) sum += static_cast<float>(o8[e]) * static_cast<float>(d8[e]);
+    for (int c = sub; c < kChunks; c += kLanes) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(out + off + c * 8);
+      const uint4 dv = *reinterpret_cast<const uint4*>(dout + off + c * 8);
+      const T* o8 = reinterpret_cast<const T*>(&ov);
+      const T* d8 = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += static_cast<float>(o8[e]) * static_cast<float>(d8[e]);
+    }
   }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) {
-    const float l = lse[bh * seqlen_q + i];
+  for (int o = kLanes / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (in_range && sub == 0) {
+    const float l = i < seqlen_q ? lse[bh * seqlen_q + i] : -CUDART_INF_F;
     delta[w] = sum;
     lse2[w] = l == -CUDART_INF_F ? CUDART_INF_F : l * 1.4426950408889634f;
   }
 }
 
-// dq[b, i, h, :] = scale * dq_accum cast to T; 8 elements per thread. The accumulator is
-// [batch, num_heads, acc_rows, head_dim]: row-major (kTiled = false) or, per 64-row tile,
-// permuted by dq_tile_offset (the WGMMA kernel's dQ writer).
-template <typename T, int kHeadDim, bool kTiled>
+// dq[b, i, h, :] = scale * dq_accum cast to T, from the row-major accumulator
+// [batch, num_heads, acc_rows, head_dim] (the mma.sync kernel's); 8 elements per thread.
+template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)
     bwd_convert_dq_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t q_bs, int64_t q_rs,
                           int64_t q_hs, int num_heads, int seqlen_q, int acc_rows, float scale, int64_t n_chunks) {
@@ -111,28 +119,54 @@ __global__ void __launch_bounds__(256)
   const int i = static_cast<int>(w % seqlen_q);
   const int64_t bh = w / seqlen_q;
   const int h = static_cast<int>(bh % num_heads), b = static_cast<int>(bh / num_heads);
-  float x[8];
-  if constexpr (kTiled) {
-    const float* tile = acc + (bh * acc_rows + i / 64 * 64) * kHeadDim;
-#pragma unroll
-    for (int e = 0; e < 8; e += 2) {
-      const float2 v = *reinterpret_cast<const float2*>(tile + dq_tile_offset(i % 64, c * 8 + e));
-      x[e] = v.x;
-      x[e + 1] = v.y;
-    }
-  } else {
-    const float* row = acc + (bh * acc_rows + i) * kHeadDim + c * 8;
-    const float4 x0 = *reinterpret_cast<const float4*>(row);
-    const float4 x1 = *reinterpret_cast<const float4*>(row + 4);
-    x[0] = x0.x; x[1] = x0.y; x[2] = x0.z; x[3] = x0.w;
-    x[4] = x1.x; x[5] = x1.y; x[6] = x1.z; x[7] = x1.w;
-  }
+  const float* row = acc + (bh * acc_rows + i) * kHeadDim + c * 8;
+  const float4 x0 = *reinterpret_cast<const float4*>(row);
+  const float4 x1 = *reinterpret_cast<const float4*>(row + 4);
   uint4 o;
-  o.x = Mma<T>::pack(x[0] * scale, x[1] * scale);
-  o.y = Mma<T>::pack(x[2] * scale, x[3] * scale);
-  o.z = Mma<T>::pack(x[4] * scale, x[5] * scale);
-  o.w = Mma<T>::pack(x[6] * scale, x[7] * scale);
+  o.x = Mma<T>::pack(x0.x * scale, x0.y * scale);
+  o.y = Mma<T>::pack(x0.z * scale, x0.w * scale);
+  o.z = Mma<T>::pack(x1.x * scale, x1.y * scale);
+  o.w = Mma<T>::pack(x1.z * scale, x1.w * scale);
   *reinterpret_cast<uint4*>(dq + b * q_bs + static_cast<int64_t>(i) * q_rs + h * q_hs + c * 8) = o;
+}
+
+// The same from the tile-blocked accumulator (dq_tile_offset; the WGMMA kernel's), acc_rows a
+// multiple of 64. Each thread converts 8 columns of rows ql and ql + 8 of a 64-row tile, which the
+// tile order keeps side by side (a float4 holds 2 columns of both rows): four 16-byte loads of one
+// contiguous 64 bytes. n_threads = batch * num_heads * acc_rows / 2 * (head_dim / 8).
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(256)
+    bwd_convert_dq_tiled_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t q_bs, int64_t q_rs,
+                                int64_t q_hs, int num_heads, int seqlen_q, int acc_rows, float scale,
+                                int64_t n_threads) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_threads) return;
+  constexpr int kChunks = kHeadDim / 8;
+  const int c = static_cast<int>(idx % kChunks);
+  const int64_t pr = idx / kChunks;  // (b, h, row pair)
+  const int pairs = acc_rows / 2;
+  const int p = static_cast<int>(pr % pairs);
+  const int64_t bh = pr / pairs;
+  const int tile = p / 32, ql = (p % 32) / 8 * 16 + p % 8;  // rows ql and ql + 8 of the tile
+  const int i = tile * 64 + ql;
+  if (i >= seqlen_q) return;
+  const float* src = acc + (bh * acc_rows + tile * 64) * kHeadDim + dq_tile_offset(ql, c * 8);
+  float4 v[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) v[t] = *reinterpret_cast<const float4*>(src + 4 * t);  // columns 2t, 2t + 1
+  uint4 lo, hi;  // rows ql and ql + 8
+  lo.x = Mma<T>::pack(v[0].x * scale, v[0].y * scale);
+  lo.y = Mma<T>::pack(v[1].x * scale, v[1].y * scale);
+  lo.z = Mma<T>::pack(v[2].x * scale, v[2].y * scale);
+  lo.w = Mma<T>::pack(v[3].x * scale, v[3].y * scale);
+  hi.x = Mma<T>::pack(v[0].z * scale, v[0].w * scale);
+  hi.y = Mma<T>::pack(v[1].z * scale, v[1].w * scale);
+  hi.z = Mma<T>::pack(v[2].z * scale, v[2].w * scale);
+  hi.w = Mma<T>::pack(v[3].z * scale, v[3].w * scale);
+  const int h = static_cast<int>(bh % num_heads), b = static_cast<int>(bh / num_heads);
+  T* dst = dq + b * q_bs + static_cast<int64_t>(i) * q_rs + h * q_hs + c * 8;
+  *reinterpret_cast<uint4*>(dst) = lo;
+  if (i + 8 < seqlen_q) *reinterpret_cast<uint4*>(dst + 8 * q_rs) = hi;
 }
 
 }  // namespace fm3::hopper::bwd

@@ -43,12 +43,16 @@ int launch_dq(const BwdArgs& args, bool deterministic, bool tiled, cudaStream_t 
     auto row = flash_bwd_dq_kernel<T, D, BM, BN>;
     FM3_CUDA_CHECK(cudaFuncSetAttribute(row, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kRowSmem)));
     row<<<dim3(n_mtiles, args.num_heads, args.batch), Tr::kThreads, Tr::kRowSmem, stream>>>(args);
-  } else {
-    const int64_t n_chunks = static_cast<int64_t>(args.batch) * args.num_heads * args.seqlen_q * (D / 8);
-    auto convert = tiled ? bwd_convert_dq_kernel<T, D, true> : bwd_convert_dq_kernel<T, D, false>;
-    convert<<<static_cast<unsigned>((n_chunks + 255) / 256), 256, 0, stream>>>(
+  } else if (tiled) {
+    const int64_t n = static_cast<int64_t>(args.batch) * args.num_heads * (args.lse_stride / 2) * (D / 8);
+    bwd_convert_dq_tiled_kernel<T, D><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
         args.dq_accum, static_cast<T*>(args.dq), args.q_bs, args.q_rs, args.q_hs, args.num_heads, args.seqlen_q,
-        tiled ? args.lse_stride : args.seqlen_q, args.scale, n_chunks);
+        args.lse_stride, args.scale, n);
+  } else {
+    const int64_t n = static_cast<int64_t>(args.batch) * args.num_heads * args.seqlen_q * (D / 8);
+    bwd_convert_dq_kernel<T, D><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+        args.dq_accum, static_cast<T*>(args.dq), args.q_bs, args.q_rs, args.q_hs, args.num_heads, args.seqlen_q,
+        args.seqlen_q, args.scale, n);
   }
   FM3_CUDA_CHECK(cudaGetLastError());
   return 0;
@@ -109,10 +113,12 @@ int dispatch(const BwdArgs& args, int head_dim, bool deterministic, const void* 
 #define FM3_X(hd, bm, bn, st, wgmma)                                                                             \
   if (head_dim == hd) {                                                                                         \
     const int64_t rows = static_cast<int64_t>(args.batch) * args.num_heads * args.lse_stride;                   \
-    bwd_preprocess_kernel<T, hd><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(                    \
+    constexpr int64_t kRowsPerBlock = 8 * (32 / kPrepLanesPerRow<hd>);                                         \
+    bwd_preprocess_kernel<T, hd><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0,    \
+                                   stream>>>(                                                                   \
         static_cast<const T*>(out), static_cast<const T*>(args.dout), lse, const_cast<float*>(args.delta),     \
-        const_cast<float*>(args.lse2), args.o_bs, args.o_rs, args.o_hs, args.num_heads, args.seqlen_q,          \
-        args.lse_stride, rows);                                                                                 \
+        const_cast<float*>(args.lse2), args.dq_accum, args.o_bs, args.o_rs, args.o_hs, args.num_heads,          \
+        args.seqlen_q, args.lse_stride, rows);                                                                  \
     FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
     if constexpr (wgmma) {                                                                                      \
       const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, deterministic, stream, err, err_len);      \
@@ -217,12 +223,11 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.summary = w.summary ? reinterpret_cast<fm3::BlockSummary*>(ws + w.accum + 2 * w.rows) : nullptr;
   a.dq_semaphore = deterministic ? reinterpret_cast<int32_t*>(ws + w.accum + 2 * w.rows + w.summary) : nullptr;
   a.dq_chain_start = deterministic ? reinterpret_cast<int32_t*>(ws + w.accum + 2 * w.rows + w.summary + w.sem) : nullptr;
-  const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * a.lse_stride;
 
   int rc = 0;
   cudaError_t e = cudaSuccess;
-  e = cudaMemsetAsync(a.dq_accum, 0, rows * p->head_dim * sizeof(float), stream);
-  if (e == cudaSuccess && deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, w.sem, stream);
+  // dq_accum is cleared by bwd_preprocess_kernel (bwd_common.cuh).
+  if (deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, w.sem, stream);
   if (e == cudaSuccess && p->startend_row_indices != nullptr)
     rc = fm3_cuda_block_summary(p->startend_row_indices, p->batch, mask_heads, p->seqlen_q, p->seqlen_k,
                                 p->mask_cols, p->causal, block_n,
