@@ -55,7 +55,9 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(sm.bar_full + 8 * s, 1);                         // lane 0 of producer warp 0 (+ transaction bytes)
-      mbar_init(sm.bar_empty + 8 * s, 128 * Tr::kConsumerWGs);  // every consumer thread
+      // every consumer thread, and the deterministic dQ writer where it reads the ring (bwd/dq_writer.cuh)
+      const bool writer_reads = Tr::kRingTileAhead && a.dq_semaphore != nullptr;
+      mbar_init(sm.bar_empty + 8 * s, 128 * Tr::kConsumerWGs + (writer_reads ? 1 : 0));
     }
     mbar_init(sm.bar_kv, 1);
     mbar_init(sm.bar_dq_full, 128 * Tr::kConsumerWGs);

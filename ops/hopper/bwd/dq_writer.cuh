@@ -58,15 +58,18 @@ __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, con
       if (bwd::adds_to_tile(a, bhm, bm, m0, Tr::kTileM, prev, Tr::kTileN, blk.n_kblocks, blk.causal_offset)) break;
     if (prev < first) prev = -1;
   };
-  // kRingTileAhead: the k-th tile of this CTA from the ring's entry (one stage per tile, in order),
-  // read before tile k - 1's dq_empty; the consumers release tile k's stage only after that, so the
-  // producer cannot have refilled it.
+  // kRingTileAhead: the k-th tile of this CTA from the ring's entry (one stage per tile, in order).
+  // The ring's empty barriers count the writer in this mode (flash_bwd_wgmma.cuh): the producer
+  // refills the stage only after this read. (Tile 0's dQ hand-off waits for nothing, so the
+  // consumers' release alone could let the producer overwrite the entry first: racecheck.)
   auto find_tile = [&](int k) {
     const int stage = k % Tr::kNumStages;
     mbar_wait(sm.bar_full + 8 * stage, (k / Tr::kNumStages) & 1);
-    const int entry = sm.entry[stage];
+    const int entry = sm.entry[stage], h = sm.head[stage];
     sem = nullptr;
-    if (entry >= 0) chain_of(sm.head[stage], BlockEntry::block(entry) * Tr::kTileM);
+    if (entry < 0) return;
+    mbar_arrive(sm.bar_empty + 8 * stage);
+    chain_of(h, BlockEntry::block(entry) * Tr::kTileM);
   };
   auto wait_predecessor = [&]() {
     if (sem == nullptr) return;

@@ -203,8 +203,8 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     fence_regs(dv);
     fence_regs(pp);
     fence_regs(pds);
-    // Q, dO, lse2, delta of this stage are no longer read. Released after write_dq, which the
-    // deterministic dQ writer relies on (Tr::kRingTileAhead).
+    // Q, dO, lse2, delta of this stage are no longer read. Released after write_dq, by which the
+    // deterministic dQ writer has read the stage's entry (Tr::kRingTileAhead).
     ring.release(sm);
   }
 

@@ -18,9 +18,10 @@ struct BwdWgTraits {
   // head dim (bwd/mainloop_split_d.cuh): a warpgroup's dK and dV over all 256 columns would take 256
   // registers per thread. Otherwise 64 keys per consumer warpgroup (bwd/mainloop.cuh).
   static constexpr bool kSplitD = kHeadDim == 256;
-  // The consumers release a tile's Q / dO stage only after handing its dQ to the writer (bwd/mainloop.cuh;
-  // the head-dim-256 loop releases it first), so the deterministic dQ writer may read its next tile
-  // from the ring ahead of the dQ (bwd/dq_writer.cuh).
+  // The deterministic dQ writer reads its next tile from the ring ahead of the dQ (bwd/dq_writer.cuh;
+  // the ring's empty barriers then count it) where the consumers release a tile's Q / dO stage only
+  // after handing its dQ over (bwd/mainloop.cuh): the writer has read the entry by then and never
+  // holds the producer back. The head-dim-256 loop releases the stage first.
   static constexpr bool kRingTileAhead = !kSplitD;
   static constexpr int kConsumerWGs = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
