@@ -12,6 +12,7 @@ import pathlib
 import types
 
 import paddle
+from paddle.base.framework import _global_flags
 from paddle.utils.cpp_extension import extension_utils as _eu
 
 _HERE = pathlib.Path(__file__).resolve().parent
@@ -35,13 +36,26 @@ def _load() -> types.SimpleNamespace:
 ops = _load()
 
 
+@paddle.jit.marker.unified  # dy2static (SOT) calls it as it is, instead of tracing into the flag registry
+def deterministic_requested() -> bool:
+    """Paddle's switch for deterministic kernels, ``FLAGS_cudnn_deterministic``, which Paddle's own
+    flash-attention backward follows too. Set, our GPU backward adds dQ in a fixed order (bitwise
+    repeatable, slower); the CPU kernel is deterministic either way. Read when the op is recorded (in a
+    static graph: when it is built). A Paddle built without CUDA has no such flag: False (asked of the
+    registry that ``paddle.get_flags`` reads, which raises for a flag it lacks)."""
+    flags, name = _global_flags(), "FLAGS_cudnn_deterministic"
+    return bool(flags.is_public(name) and flags[name])
+
+
 def attention_forward(q, k, v, startend_row_indices, block_mask, softmax_scale: float, causal: bool):
-    """``ops.fm3_flashmask_attention`` (same arguments, returns ``[out, softmax_lse]``), recording no
-    backward when the grad mode is off: Paddle records one for a custom op whatever the mode (the
-    built-in ops do not), which would keep q, k, v alive, e.g. inside a PyLayer's forward."""
+    """``ops.fm3_flashmask_attention`` (same arguments, returns ``[out, softmax_lse]``; its backward
+    deterministic as ``deterministic_requested()`` says), recording no backward when the grad mode is
+    off: Paddle records one for a custom op whatever the mode (the built-in ops do not), which would
+    keep q, k, v alive, e.g. inside a PyLayer's forward."""
     if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
         q, k, v = q.detach(), k.detach(), v.detach()
-    return ops.fm3_flashmask_attention(q, k, v, startend_row_indices, block_mask, softmax_scale, causal)
+    return ops.fm3_flashmask_attention(q, k, v, startend_row_indices, block_mask, softmax_scale, causal,
+                                       deterministic_requested())
 
 
-__all__ = ["ops", "attention_forward"]
+__all__ = ["ops", "attention_forward", "deterministic_requested"]

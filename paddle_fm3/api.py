@@ -123,7 +123,9 @@ def flashmask_attention(
     Returns:
         ``out`` (shape and dtype of ``query``); with ``return_softmax_lse`` and/or
         ``return_seed_offset`` the list ``[out, softmax_lse, seed_offset]`` of those asked for,
-        in that order (as Paddle). Fully masked query rows give 0 and zero gradients.
+        in that order (as Paddle). Fully masked query rows give 0 and zero gradients. With
+        Paddle's ``FLAGS_cudnn_deterministic`` set (as for Paddle's own flash attention), the GPU
+        backward adds dQ in a fixed order: bitwise repeatable, slower; the CPU kernel always is.
         Zero-size inputs (a zero batch, sequence length or head count) run no kernel, as in
         Paddle: ``out`` is zeros ``[batch, seqlen_q, num_heads, head_dim]`` (empty when that
         has no elements), the lse ``-inf``, and the gradients zeros. Inputs

@@ -9,7 +9,8 @@ For each case (mask family, head dim, dtype), on the same Paddle tensors:
     paddle.utils.dlpack, on Paddle's current stream): the same kernels, so out must agree to
     rounding (dq may differ in the order of its fp32 reductions);
   - the op against Paddle's own paddle.nn.functional.flashmask_attention, where that runs.
-With two or more GPUs it also runs a case on the second GPU while the first is current (the
+With FLAGS_cudnn_deterministic set, the op's backward must be bitwise repeatable (and equal to the
+DLPack entry's deterministic mode). With two or more GPUs it also runs a case on the second GPU while the first is current (the
 result must match the same case on the first GPU, and the first must stay current), and checks
 that inputs on two devices are refused. Prints one line per check; exit 1 on any failure, 2 when
 it cannot run here.
@@ -142,6 +143,33 @@ def main() -> int:
                         e3 = [rel(a, b) for a, b in zip(got, got3)]
                         check(f"op vs Paddle flashmask   {name}", e3[0] < 2 * TOL[dtype] and max(e3[1:]) < 4 * TOL[dtype],
                               "out/dq/dk/dv " + " ".join(f"{e:.1e}" for e in e3))
+
+    # FLAGS_cudnn_deterministic, the switch Paddle's own flash-attention backward follows: the op's
+    # backward must then be bitwise repeatable, and equal to the DLPack entry's deterministic mode.
+    s, d = args.seqlens[0], args.head_dims[0]
+    fm = masks.FAMILIES["causal_document"](s, rng)
+    sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
+    q, k, v, dout = (paddle.to_tensor(rng.standard_normal((1, s, args.heads, d)).astype(np.float32), place=gpu0)
+                     .astype("bfloat16") for _ in range(4))
+    sri = paddle.to_tensor(sri_np, place=gpu0)
+    flag = paddle.get_flags(["FLAGS_cudnn_deterministic"])
+    paddle.set_flags({"FLAGS_cudnn_deterministic": True})
+    try:
+        runs = [[x.astype("float32").numpy() for x in run_op(q, k, v, sri, fm.causal, dout)] for _ in range(2)]
+    finally:
+        paddle.set_flags(flag)
+    check(f"FLAGS_cudnn_deterministic: bitwise repeatable  S={s} D={d}",
+          all(np.array_equal(a, b) for a, b in zip(*runs)), "out/lse/dq/dk/dv of two runs")
+    if dlpack_ok:
+        stream = paddle.device.current_stream(gpu0).stream_base.cuda_stream
+        out, lse = (paddle.to_tensor(runs[0][i], place=gpu0) for i in (0, 1))
+        dq2, dk2, dv2 = paddle.empty_like(q), paddle.empty_like(q), paddle.empty_like(q)
+        kernels.flashmask_bwd(*(ViaPaddleDLPack(x) for x in (q, k, v, out.astype("bfloat16"), lse, dout, sri,
+                                                             dq2, dk2, dv2)),
+                              causal=fm.causal, deterministic=True, stream=stream)
+        got = [x.astype("float32").numpy() for x in (dq2, dk2, dv2)]
+        check(f"FLAGS_cudnn_deterministic: op = DLPack deterministic  S={s} D={d}",
+              all(np.array_equal(a, b) for a, b in zip(got, runs[0][2:])), "dq/dk/dv bitwise")
 
     if paddle.device.cuda.device_count() >= 2:
         paddle.device.set_device("gpu:0")

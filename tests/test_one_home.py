@@ -34,7 +34,7 @@ def test_attention_op_checks_mask_shape_in_c():
              (paddle.full([2, 1, 64, 4], 64, "int32"), r"shape\[3\] must be 1 or 2 with causal=True, got 4")]
     for sri, match in cases:
         with pytest.raises(ValueError, match=match):
-            ops.fm3_flashmask_attention(q, k, k, sri, None, 0.25, True)
+            ops.fm3_flashmask_attention(q, k, k, sri, None, 0.25, True, False)
 
 
 @pytest.mark.parametrize("causal, c", [(True, 3), (False, 1), (False, 3)])

@@ -82,7 +82,7 @@ def test_raw_op_checks_shapes():
                       (paddle.full([1, 5, 90, 1], 100, "int32"), "shape\\[1\\]"),
                       (paddle.full([1, 1, 90, 3], 100, "int32"), "shape\\[3\\]")]:
         with pytest.raises(ValueError, match=what):
-            ops.fm3_flashmask_attention(q, k, k, sri, None, 0.25, True)
+            ops.fm3_flashmask_attention(q, k, k, sri, None, 0.25, True, False)
 
 
 def test_huge_window_equals_no_window():
@@ -315,3 +315,27 @@ def test_no_second_derivative_is_an_error_not_a_silent_zero():
     assert g.shape == q.shape
     with pytest.raises(ValueError, match="does not appear in the backward graph"):
         paddle.grad(g.sum(), [q])
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_backward_follows_paddles_deterministic_flag(flag, monkeypatch):
+    """What _ops.deterministic_requested() reads (FLAGS_cudnn_deterministic, the switch Paddle's own
+    flash-attention backward follows; a CPU Paddle has no such flag, so it is set through the reader
+    here) reaches the generated backward op as its `deterministic` attribute, the GPU kernel's dQ order."""
+    from paddle_fm3 import _ops
+    assert _ops.deterministic_requested() is False  # this Paddle: no CUDA, no flag
+    monkeypatch.setattr(_ops, "deterministic_requested", lambda: flag)
+    paddle.enable_static()
+    try:
+        prog = paddle.static.Program()
+        with paddle.static.program_guard(prog):
+            q, k, v = (paddle.static.data(n, [1, 16, 2, 8], "float32") for n in "qkv")
+            for t in (q, k, v):
+                t.stop_gradient = False
+            out = fm3.flashmask_attention(q, k, v, causal=True)
+            paddle.static.append_backward(out.sum())
+        attrs = {op.name(): op.attrs() for op in prog.global_block().ops if "fm3_flashmask" in op.name()}
+    finally:
+        paddle.disable_static()
+    assert sorted(attrs) == ["custom_op.fm3_flashmask_attention", "custom_op.fm3_flashmask_attention_grad"], attrs
+    assert all(a["deterministic"] is flag for a in attrs.values())

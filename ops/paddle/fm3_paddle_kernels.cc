@@ -165,7 +165,8 @@ std::vector<paddle::Tensor> FlashmaskAttentionForward(const paddle::Tensor& q, c
                                                       const paddle::Tensor& v,
                                                       const paddle::Tensor& startend_row_indices,
                                                       const paddle::optional<paddle::Tensor>& block_mask,
-                                                      float softmax_scale, bool causal) {
+                                                      float softmax_scale, bool causal,
+                                                      bool /*deterministic: for the backward*/) {
   auto out = new_output(q.shape(), q.dtype(), q.place());
   auto lse = new_output({q.shape()[0], q.shape()[2], q.shape()[1]}, paddle::DataType::FLOAT32, q.place());
   if (q.numel() == 0) return {out, lse};
@@ -191,7 +192,7 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
     const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
     const paddle::Tensor& startend_row_indices, const paddle::optional<paddle::Tensor>& block_mask,
     const paddle::Tensor& out, const paddle::Tensor& softmax_lse, const paddle::Tensor& out_grad,
-    float softmax_scale, bool causal) {
+    float softmax_scale, bool causal, bool deterministic) {
   // Empty inputs, or out unused by the loss (only the lse was): zero gradients, no kernel.
   if (q.numel() == 0 || k.numel() == 0 || !out_grad.defined() || !out_grad.initialized()) {
     return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
@@ -219,6 +220,7 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
   bp.dq = dq.data();
   bp.dk = dk.data();
   bp.dv = dv.data();
+  bp.deterministic = deterministic ? 1 : 0;  // the GPU kernel's dQ order; the CPU kernel always is deterministic
   char err[512] = {0};
   if (q.is_cpu()) {
     raise_on_error(fm3_cpu_bwd(&bp, err, sizeof(err)), err);
