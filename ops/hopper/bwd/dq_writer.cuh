@@ -61,7 +61,7 @@ __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, con
   // kRingTileAhead: the k-th tile of this CTA from the ring's entry (one stage per tile, in order).
   // The ring's empty barriers count the writer in this mode (flash_bwd_wgmma.cuh): the producer
   // refills the stage only after this read. (Tile 0's dQ hand-off waits for nothing, so the
-  // consumers' release alone could let the producer overwrite the entry first: racecheck.)
+  // consumers' release alone could let the producer overwrite the entry first.)
   auto find_tile = [&](int k) {
     const int stage = k % Tr::kNumStages;
     mbar_wait(sm.bar_full + 8 * stage, (k / Tr::kNumStages) & 1);
