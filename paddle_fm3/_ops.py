@@ -36,7 +36,11 @@ def _load() -> types.SimpleNamespace:
 ops = _load()
 
 
-@paddle.jit.marker.unified  # dy2static (SOT) calls it as it is, instead of tracing into the flag registry
+# dy2static (SOT) calls a function marked unified as it is, instead of tracing into the flag registry.
+_unified = getattr(getattr(paddle.jit, "marker", None), "unified", lambda fn: fn)  # not in every Paddle 3.x
+
+
+@_unified
 def deterministic_requested() -> bool:
     """Paddle's switch for deterministic kernels, ``FLAGS_cudnn_deterministic``, which Paddle's own
     flash-attention backward follows too. Set, our GPU backward adds dQ in a fixed order (bitwise
