@@ -25,7 +25,9 @@ Each call is timed alone (events around it, synchronized after it; median of --r
 --back-to-back times --rep calls launched without synchronizing (mean: the host's per-call work then
 overlaps the GPU's); --clocks also runs each implementation back to back for 2 s and adds its SM
 clock and board power there (nvidia-smi, second half) and its TFLOP/s over those 2 s to the row as
-<name>_sm_mhz / <name>_power_w / <name>_sustained.
+<name>_sm_mhz / <name>_power_w / <name>_sustained. --rounds N times each row's implementations N times
+in alternating order and reports the medians, each round's value under <name>_rounds (for rows whose
+ratio is within a run's spread of a target).
 """
 import argparse
 import json
@@ -150,13 +152,44 @@ def bench(fn, warmup=2, rep=8):
     return t
 
 
-def record(row, name, value):
-    """row[name] = value (TFLOP/s), with the clocks of the bench() that produced it under --clocks."""
+def record(row, name, value, clocks=None):
+    """row[name] = value (TFLOP/s), with `clocks` under --clocks: the (MHz, watts, seconds per call
+    sustained, seconds per call timed) of the bench() that produced it."""
     row[name] = value
-    if _last_clocks is not None:  # (MHz, watts, seconds per call sustained, seconds per call timed)
-        mhz, watts, t_sustained, t = _last_clocks
+    if clocks is not None:
+        mhz, watts, t_sustained, t = clocks
         row[name + "_sm_mhz"], row[name + "_power_w"] = round(mhz, 1), round(watts, 1)
         row[name + "_sustained"] = round(value * t / t_sustained, 1)
+
+
+def measure(row, impls, rounds=1):
+    """row[name] = TFLOP/s for each name -> fn() of impls (fn None: the backend does not apply, row[name]
+    None). Each is timed `rounds` times, the order reversed every other round so that none always runs
+    first after the row's set-up or after the same neighbour; row[name] is the median over the rounds
+    and, with rounds > 1, name_rounds lists every round's value (one machine's runs differ by several
+    percent: BENCHMARKS.md). A peer backend that raises gets None and its reason under name_error;
+    ours (fm3*) raising is a bug and stops the run."""
+    names = list(impls)
+    values, clocks, failed = {n: [] for n in names}, {}, set()
+    for r in range(rounds):
+        for n in names if r % 2 == 0 else names[::-1]:
+            if impls[n] is None or n in failed:
+                continue
+            try:
+                values[n].append(impls[n]())
+                clocks[n] = _last_clocks
+            except Exception as e:  # noqa: BLE001
+                if n.startswith("fm3"):
+                    raise
+                failed.add(n)
+                row[n + "_error"] = repr(e)[:300]
+    for n in names:
+        if impls[n] is None or n in failed:
+            row[n] = None
+            continue
+        record(row, n, float(np.median(values[n])), clocks[n])
+        if rounds > 1:
+            row[n + "_rounds"] = [round(v, 1) for v in values[n]]
 
 
 def normalized_vectors(sri, causal, sq, device="cuda"):
@@ -220,12 +253,17 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="benchmark the backward (see the module doc)")
     ap.add_argument("--total-tokens", type=int, default=TOTAL, help="batch = total / S")
     ap.add_argument("--rep", type=int, default=8, help="timed repetitions (median reported)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every implementation of a row this many times, in alternating order (median "
+                         "reported, each round's value under <name>_rounds)")
     ap.add_argument("--back-to-back", action="store_true",
                     help="time --rep calls launched without synchronizing in between (mean), not each call alone")
     ap.add_argument("--clocks", action="store_true",
                     help="also run each implementation back to back for 2 s: its SM clock and power there (nvidia-smi) "
                          "and its TFLOP/s over those 2 s")
     args = ap.parse_args()
+    if args.rounds < 1 or args.rep < 1:
+        ap.error("--rounds and --rep must be at least 1")
     TIMING.update(back_to_back=args.back_to_back, clocks=args.clocks)
     if args.clocks:
         import shutil
@@ -279,15 +317,6 @@ def family_mask(fam, s, b):
     return sri_np, fm.causal, masks.density(sri_np, fm.causal) * b * s * s
 
 
-def peer(row, name, fn):
-    """row[name] = fn() (TFLOP/s), or None with the reason under name_error."""
-    try:
-        record(row, name, fn())
-    except Exception as e:  # noqa: BLE001
-        row[name] = None
-        row[name + "_error"] = repr(e)[:300]
-
-
 def emit(rows, row, out):
     rows.append(row)
     print(json.dumps(row), flush=True)
@@ -323,28 +352,26 @@ def main_fwd(args):
             flops = 4.0 * h * d * pairs
             sri = torch.from_numpy(sri_np).cuda()
             row = {"family": fam, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "density": pairs / (b * s * s)}
-            t = bench(lambda: kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal), rep=args.rep)
-            record(row, "fm3", flops / t / 1e12)
+            if flex:
+                flex_mask.set_family(sri_np, causal)
+                bmask = flex_mask.block_mask()
+
+            def cudnn():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    return flops / bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                        qt, kt, vt, is_causal=causal), rep=args.rep) / 1e12
+            measure(row, {
+                "fm3": lambda: flops / bench(lambda: kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal),
+                                             rep=args.rep) / 1e12,
+                **{"flex_" + fb: (lambda fb=fb: flops / bench(lambda: flex[fb](qt, kt, vt, bmask), rep=args.rep) / 1e12)
+                   if fb in flex else None for fb in ("flash", "triton")},
+                "cudnn": cudnn if fam in ("full", "causal") else None,
+            }, args.rounds)
             bn = kernels.block_n(d)
             summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
             ts = kernel_seconds(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn),
                                 "block_summary_kernel")
-            row["summary_pct"] = 100.0 * ts / t
-            if flex:
-                flex_mask.set_family(sri_np, causal)
-                bmask = flex_mask.block_mask()
-            for fb in ("flash", "triton"):
-                if fb in flex:
-                    peer(row, "flex_" + fb, lambda: flops / bench(lambda: flex[fb](qt, kt, vt, bmask), rep=args.rep) / 1e12)
-                else:
-                    row["flex_" + fb] = None
-            row["cudnn"] = None
-            if fam in ("full", "causal"):
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return flops / bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                            qt, kt, vt, is_causal=causal), rep=args.rep) / 1e12
-                peer(row, "cudnn", cudnn)
+            row["summary_pct"] = 100.0 * ts / (flops / row["fm3"] / 1e12)
             emit(rows, row, args.out)
         del q, k, v, out, qt, kt, vt
         torch.cuda.empty_cache()
@@ -376,30 +403,27 @@ def main_bwd(args):
             def fm3_bwd(det=False):
                 kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal, deterministic=det)
             kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
-            record(row, "fm3", bwd_flops / bench(fm3_bwd, warmup=1, rep=rep) / 1e12)
-            record(row, "fm3_det", bwd_flops / bench(lambda: fm3_bwd(True), warmup=1, rep=rep) / 1e12)
             if flex:
                 flex_mask.set_family(sri_np, causal)
                 bmask = flex_mask.block_mask()
-            for fb in ("flash", "triton"):
-                if fb not in flex:
-                    row["flex_" + fb] = None
-                    continue
 
-                def flex_bwd():
-                    o = flex[fb](qg, kg, vg, bmask)
-                    t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True), warmup=1, rep=rep)
-                    return bwd_flops / t / 1e12
-                peer(row, "flex_" + fb, flex_bwd)
-            row["cudnn"] = None
-            if fam in ("full", "causal"):
-                def cudnn_bwd():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                        t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
-                                  warmup=1, rep=rep)
-                    return bwd_flops / t / 1e12
-                peer(row, "cudnn", cudnn_bwd)
+            def flex_bwd(fb):
+                o = flex[fb](qg, kg, vg, bmask)
+                t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True), warmup=1, rep=rep)
+                return bwd_flops / t / 1e12
+
+            def cudnn_bwd():
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                    t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
+                              warmup=1, rep=rep)
+                return bwd_flops / t / 1e12
+            measure(row, {
+                "fm3": lambda: bwd_flops / bench(fm3_bwd, warmup=1, rep=rep) / 1e12,
+                "fm3_det": lambda: bwd_flops / bench(lambda: fm3_bwd(True), warmup=1, rep=rep) / 1e12,
+                **{"flex_" + fb: (lambda fb=fb: flex_bwd(fb)) if fb in flex else None for fb in ("flash", "triton")},
+                "cudnn": cudnn_bwd if fam in ("full", "causal") else None,
+            }, args.rounds)
             emit(rows, row, args.out)
         del q, k, v, do, out, dq, dk, dv, qt, kt, vt, dot, qg, kg, vg
         torch.cuda.empty_cache()

@@ -1,0 +1,55 @@
+"""scripts/bench_attention.py's measure(): the rounds of a row's implementations, in alternating order."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_attention.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # torch is imported by its main() only
+    return mod
+
+
+def test_rounds_alternate_and_report_the_median():
+    ba, calls = load(), []
+
+    def impl(name, values):
+        it = iter(values)
+
+        def fn():
+            calls.append(name)
+            return next(it)
+        return fn
+
+    def broken():
+        calls.append("broken")
+        raise RuntimeError("cannot run this mask")
+
+    row = {}
+    ba.measure(row, {"fm3": impl("fm3", [1.0, 5.0, 3.0]), "flex_flash": impl("flex_flash", [2.0, 2.0, 9.0]),
+                     "cudnn": None, "flex_triton": broken}, rounds=3)
+    assert calls == ["fm3", "flex_flash", "broken", "flex_flash", "fm3", "fm3", "flex_flash"]
+    assert (row["fm3"], row["flex_flash"]) == (3.0, 2.0)
+    assert row["fm3_rounds"] == [1.0, 5.0, 3.0] and row["flex_flash_rounds"] == [2.0, 2.0, 9.0]
+    assert row["cudnn"] is None and "cudnn_error" not in row
+    assert row["flex_triton"] is None and "cannot run this mask" in row["flex_triton_error"]
+
+
+def test_one_round_keeps_the_row_as_before():
+    ba = load()
+    row = {}
+    ba.measure(row, {"fm3": lambda: 7.0, "cudnn": None}, rounds=1)
+    assert row == {"fm3": 7.0, "cudnn": None}
+
+
+def test_our_kernel_failing_stops_the_run():
+    ba = load()
+
+    def broken():
+        raise RuntimeError("kernel failed")
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        ba.measure({}, {"fm3": broken, "cudnn": lambda: 1.0}, rounds=2)
