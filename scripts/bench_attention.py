@@ -152,23 +152,14 @@ def bench(fn, warmup=2, rep=8):
     return t
 
 
-def record(row, name, value, clocks=None):
-    """row[name] = value (TFLOP/s), with `clocks` under --clocks: the (MHz, watts, seconds per call
-    sustained, seconds per call timed) of the bench() that produced it."""
-    row[name] = value
-    if clocks is not None:
-        mhz, watts, t_sustained, t = clocks
-        row[name + "_sm_mhz"], row[name + "_power_w"] = round(mhz, 1), round(watts, 1)
-        row[name + "_sustained"] = round(value * t / t_sustained, 1)
-
-
 def measure(row, impls, rounds=1):
     """row[name] = TFLOP/s for each name -> fn() of impls (fn None: the backend does not apply, row[name]
     None). Each is timed `rounds` times, the order reversed every other round so that none always runs
-    first after the row's set-up or after the same neighbour; row[name] is the median over the rounds
-    and, with rounds > 1, name_rounds lists every round's value (one machine's runs differ by several
-    percent: BENCHMARKS.md). A peer backend that raises gets None and its reason under name_error;
-    ours (fm3*) raising is a bug and stops the run."""
+    first after the row's set-up; row[name] is the median over the rounds and, with rounds > 1,
+    name_rounds lists every round's value (one machine's runs differ by several percent:
+    BENCHMARKS.md). Under --clocks, the last round's clocks: name_sm_mhz, name_power_w and
+    name_sustained (that round's TFLOP/s over its 2 s back to back). A peer backend that raises gets
+    None and its reason under name_error; ours (fm3*) raising is a bug and stops the run."""
     names = list(impls)
     values, clocks, failed = {n: [] for n in names}, {}, set()
     for r in range(rounds):
@@ -187,9 +178,13 @@ def measure(row, impls, rounds=1):
         if impls[n] is None or n in failed:
             row[n] = None
             continue
-        record(row, n, float(np.median(values[n])), clocks[n])
+        row[n] = float(np.median(values[n]))
         if rounds > 1:
             row[n + "_rounds"] = [round(v, 1) for v in values[n]]
+        if clocks[n] is not None:  # (MHz, watts, seconds per call sustained, seconds per call timed)
+            mhz, watts, t_sustained, t = clocks[n]
+            row[n + "_sm_mhz"], row[n + "_power_w"] = round(mhz, 1), round(watts, 1)
+            row[n + "_sustained"] = round(values[n][-1] * t / t_sustained, 1)
 
 
 def normalized_vectors(sri, causal, sq, device="cuda"):

@@ -53,3 +53,18 @@ def test_our_kernel_failing_stops_the_run():
         raise RuntimeError("kernel failed")
     with pytest.raises(RuntimeError, match="kernel failed"):
         ba.measure({}, {"fm3": broken, "cudnn": lambda: 1.0}, rounds=2)
+
+
+def test_clocks_come_from_the_last_round():
+    ba = load()
+    readings = iter([(1800.0, 500.0, 0.010, 0.011), (1500.0, 690.0, 0.012, 0.010)])
+    values = iter([100.0, 120.0])
+
+    def fm3():  # what bench() leaves under --clocks: (MHz, watts, s/call over 2 s, s/call timed)
+        ba._last_clocks = next(readings)
+        return next(values)
+    row = {}
+    ba.measure(row, {"fm3": fm3}, rounds=2)
+    assert row["fm3"] == 110.0 and row["fm3_rounds"] == [100.0, 120.0]
+    assert (row["fm3_sm_mhz"], row["fm3_power_w"]) == (1500.0, 690.0)
+    assert row["fm3_sustained"] == 100.0  # the last round's 120 TFLOP/s at 0.010 s timed, 0.012 s sustained

@@ -323,7 +323,7 @@ def test_backward_follows_paddles_deterministic_flag(flag, monkeypatch):
     flash-attention backward follows; a CPU Paddle has no such flag, so it is set through the reader
     here) reaches the generated backward op as its `deterministic` attribute, the GPU kernel's dQ order."""
     from paddle_fm3 import _ops
-    assert _ops.deterministic_requested() is False  # this Paddle: no CUDA, no flag
+    assert _ops.deterministic_requested() is False  # a CPU Paddle lacks the flag; a GPU one has it off by default
     monkeypatch.setattr(_ops, "deterministic_requested", lambda: flag)
     paddle.enable_static()
     try:

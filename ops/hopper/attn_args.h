@@ -40,7 +40,9 @@ struct BwdArgs : AttnArgs {
   void* dq;                // strides q_*
   void* dk;                // strides k_*
   void* dv;                // strides v_*
-  float* dq_accum;         // [batch, num_heads, seqlen_q, head_dim] fp32, zeroed (atomic mode)
+  float* dq_accum;         // fp32 [batch, num_heads, rows, head_dim], cleared by bwd_preprocess_kernel: rows =
+                           // lse_stride in 64-row tiles (dq_tile_offset) for the WGMMA kernel, seqlen_q row-major
+                           // for the mma.sync one
   const float* lse2;       // [batch, num_heads, lse_stride], log2 units, +inf for empty rows and padding
   const float* delta;      // [batch, num_heads, lse_stride], 0 in the padding
   const BlockSummary* summary;  // [batch, mask_heads, n_kblocks] with block_n = kBlockN; nullptr if sri == nullptr

@@ -60,10 +60,17 @@ __device__ __forceinline__ int mask_head(const BwdArgs& a, int h) {
 // rows i in [seqlen_q, lse_stride) are padding: lse2 = +inf, delta = 0. Each row also clears its
 // head_dim floats of the dQ accumulator (the accumulator's w-th chunk, whatever its layout: the
 // rows cover it whole), which spares a memset's pass over it.
-// kLanesPerRow lanes per row (one 16-byte chunk of O and dO each at head dims 64 and 128), so every
-// lane loads; grid.x * 8 warps * (32 / kLanesPerRow) rows >= batch * num_heads * lse_stride.
+// kPrepLanesPerRow lanes per row (one 16-byte chunk of O and dO each at head dims 64 and 128), so
+// every lane loads: the largest power of two <= head_dim / 8, at most 32 (a row's lanes reduce with
+// xor shuffles inside their group). grid.x * 8 warps * (32 / kPrepLanesPerRow) rows >= batch *
+// num_heads * lse_stride.
+constexpr int prep_lanes_per_row(int chunks) {
+  int lanes = 1;
+  while (lanes * 2 <= chunks && lanes < 32) lanes *= 2;
+  return lanes;
+}
 template <int kHeadDim>
-constexpr int kPrepLanesPerRow = kHeadDim / 8 < 32 ? kHeadDim / 8 : 32;
+constexpr int kPrepLanesPerRow = prep_lanes_per_row(kHeadDim / 8);
 
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(256)

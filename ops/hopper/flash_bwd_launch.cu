@@ -1,7 +1,8 @@
 // Host side of the Hopper backward: validates fm3_bwd_params, lays out the workspace (the
 // caller's, or the library pool's, workspace.cu: lse2, delta, block summary at the backward's
-// block_n via fm3_cuda_block_summary, fp32 dQ accumulator), runs preprocess -> block summary -> main
-// kernel -> dQ conversion (the mma.sync fallback: the row-parallel dQ pass when deterministic),
+// block_n via fm3_cuda_block_summary, fp32 dQ accumulator), runs block summary -> preprocess (which
+// also clears the accumulator) -> main kernel -> dQ conversion (the mma.sync fallback: the
+// row-parallel dQ pass when deterministic),
 // with the tile config generated from yaml/kernel_configs.yaml
 // (FM3_SM90_BWD_CONFIGS). C ABI: fm3_cuda_bwd (fm3_cuda.h).
 #include <cuda_bf16.h>

@@ -203,8 +203,9 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     fence_regs(dv);
     fence_regs(pp);
     fence_regs(pds);
-    // Q, dO, lse2, delta of this stage are no longer read. Released after write_dq, by which the
-    // deterministic dQ writer has read the stage's entry (Tr::kRingTileAhead).
+    // Q, dO, lse2, delta of this stage are no longer read. Released after write_dq, so that the
+    // deterministic dQ writer, counted on this barrier (Tr::kRingTileAhead), has read the stage's
+    // entry by then on every tile but the first.
     ring.release(sm);
   }
 

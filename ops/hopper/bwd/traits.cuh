@@ -20,8 +20,8 @@ struct BwdWgTraits {
   static constexpr bool kSplitD = kHeadDim == 256;
   // The deterministic dQ writer reads its next tile from the ring ahead of the dQ (bwd/dq_writer.cuh;
   // the ring's empty barriers then count it) where the consumers release a tile's Q / dO stage only
-  // after handing its dQ over (bwd/mainloop.cuh): the writer has read the entry by then and never
-  // holds the producer back. The head-dim-256 loop releases the stage first.
+  // after handing its dQ over (bwd/mainloop.cuh): the writer has read the entry by then (the first
+  // tile aside), so it does not hold the producer back. The head-dim-256 loop releases the stage first.
   static constexpr bool kRingTileAhead = !kSplitD;
   static constexpr int kConsumerWGs = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
