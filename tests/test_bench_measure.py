@@ -1,5 +1,6 @@
 """scripts/bench_attention.py's measure(): the rounds of a row's implementations, in alternating order."""
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,9 +9,18 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_attention.py"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # torch is imported by its main() only
+    """The script as a module (torch is imported by its main() only). It puts the repository root first
+    on sys.path, for the device machine; here the installed paddle_fm3 is imported first and sys.path
+    restored, so that later tests still test the installed package."""
+    import paddle_fm3.kernels  # noqa: F401
+    import paddle_fm3.masks  # noqa: F401
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = saved
     return mod
 
 
