@@ -163,8 +163,9 @@ namespace {
 // deterministic: dq_semaphore and dq_chain_start, one int per 64 rows, enough for any block_m).
 struct WorkspaceLayout {
   int lse_stride;  // rows per (batch, head) of dq_accum, lse2 and delta
-  size_t accum, rows, summary, sem, chain;
-  size_t total() const { return accum + 2 * rows + summary + sem + chain; }
+  // Byte offsets of the parts (dq_accum at 0); summary, sem and chain hold 0 bytes where absent.
+  size_t lse2, delta, summary, sem, chain, total;
+  size_t summary_bytes, sem_bytes;
 };
 
 WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
@@ -176,15 +177,24 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
   const bool det = bp->deterministic != 0;
   AttnArgs a{};
   fill_attn_args(a, p);  // its mask_heads: 1 without a mask
+  const size_t mask_rows = static_cast<size_t>(p->batch) * a.mask_heads;
   WorkspaceLayout w;
   w.lse_stride = lse_stride;
-  w.accum = round_up(rows * p->head_dim * sizeof(float));
-  w.rows = round_up(rows * sizeof(float));
-  w.summary = p->startend_row_indices
-                  ? round_up(sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * a.mask_heads * n_kblocks)
-                  : 0;
-  w.sem = det ? round_up(rows / 64 * sizeof(int32_t)) : 0;
-  w.chain = det ? round_up(static_cast<size_t>(p->batch) * a.mask_heads * (lse_stride / 64) * sizeof(int32_t)) : 0;
+  size_t end = 0;
+  auto part = [&end](size_t bytes) {  // the next part's offset
+    const size_t at = end;
+    end += round_up(bytes);
+    return at;
+  };
+  part(rows * p->head_dim * sizeof(float));  // dq_accum
+  w.lse2 = part(rows * sizeof(float));
+  w.delta = part(rows * sizeof(float));
+  w.summary_bytes = p->startend_row_indices ? sizeof(fm3::BlockSummary) * mask_rows * n_kblocks : 0;
+  w.summary = part(w.summary_bytes);
+  w.sem_bytes = det ? rows / 64 * sizeof(int32_t) : 0;
+  w.sem = part(w.sem_bytes);
+  w.chain = part(det ? mask_rows * (lse_stride / 64) * sizeof(int32_t) : 0);
+  w.total = end;
   return w;
 }
 
@@ -192,7 +202,7 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
 }  // namespace fm3::hopper::bwd
 
 extern "C" size_t fm3_cuda_bwd_workspace_bytes(const fm3_bwd_params* bp) {
-  return bp == nullptr ? 0 : workspace_layout(bp).total();
+  return bp == nullptr ? 0 : workspace_layout(bp).total;
 }
 
 extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len) {
@@ -201,8 +211,8 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
   const bool deterministic = bp->deterministic != 0;
   const WorkspaceLayout w = workspace_layout(bp);
-  if (bp->workspace != nullptr && (bp->workspace_bytes < w.total() || reinterpret_cast<uintptr_t>(bp->workspace) % 256))
-    return fail(err, err_len, "workspace must be 256-byte aligned and hold %zu bytes, got %zu bytes at %p", w.total(),
+  if (bp->workspace != nullptr && (bp->workspace_bytes < w.total || reinterpret_cast<uintptr_t>(bp->workspace) % 256))
+    return fail(err, err_len, "workspace must be 256-byte aligned and hold %zu bytes, got %zu bytes at %p", w.total,
                 bp->workspace_bytes, bp->workspace);
 
   BwdArgs a{};
@@ -217,18 +227,18 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   const int block_n = bwd_block_n(p->head_dim);
 
   char* ws = static_cast<char*>(bp->workspace);
-  if (ws == nullptr) FM3_CUDA_CHECK(workspace_alloc(reinterpret_cast<void**>(&ws), w.total(), stream));
+  if (ws == nullptr) FM3_CUDA_CHECK(workspace_alloc(reinterpret_cast<void**>(&ws), w.total, stream));
   a.dq_accum = reinterpret_cast<float*>(ws);
-  a.lse2 = reinterpret_cast<float*>(ws + w.accum);
-  a.delta = reinterpret_cast<float*>(ws + w.accum + w.rows);
-  a.summary = w.summary ? reinterpret_cast<fm3::BlockSummary*>(ws + w.accum + 2 * w.rows) : nullptr;
-  a.dq_semaphore = deterministic ? reinterpret_cast<int32_t*>(ws + w.accum + 2 * w.rows + w.summary) : nullptr;
-  a.dq_chain_start = deterministic ? reinterpret_cast<int32_t*>(ws + w.accum + 2 * w.rows + w.summary + w.sem) : nullptr;
+  a.lse2 = reinterpret_cast<float*>(ws + w.lse2);
+  a.delta = reinterpret_cast<float*>(ws + w.delta);
+  a.summary = w.summary_bytes ? reinterpret_cast<fm3::BlockSummary*>(ws + w.summary) : nullptr;
+  a.dq_semaphore = deterministic ? reinterpret_cast<int32_t*>(ws + w.sem) : nullptr;
+  a.dq_chain_start = deterministic ? reinterpret_cast<int32_t*>(ws + w.chain) : nullptr;
 
   int rc = 0;
   cudaError_t e = cudaSuccess;
   // dq_accum is cleared by bwd_preprocess_kernel (bwd_common.cuh).
-  if (deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, w.sem, stream);
+  if (deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, w.sem_bytes, stream);
   if (e == cudaSuccess && p->startend_row_indices != nullptr)
     rc = fm3_cuda_block_summary(p->startend_row_indices, p->batch, mask_heads, p->seqlen_q, p->seqlen_k,
                                 p->mask_cols, p->causal, block_n,
