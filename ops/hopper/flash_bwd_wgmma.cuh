@@ -5,7 +5,7 @@
 //                      the CTA's key block (BwdBlock)
 //   bwd/producer.cuh   warp 0: K/V once; per query head the query-tile scheduler and the loads of
 //                      Q, dO, lse2, delta into the ring
-//   bwd/dq_writer.cuh  warp 1: bulk fp32 reductions of each finished dQ tile into the workspace
+//   bwd/dq_writer.cuh  warp 1 (and 2): bulk fp32 reductions of each finished dQ tile into the workspace
 //   bwd/mainloop.cuh   consumer warpgroups: S^T, dP^T, P^T / dS^T, dV, dQ, dK per query tile
 //   bwd/mainloop_split_d.cuh  the same at head dim 256: two warpgroups sharing the keys, splitting
 //                      the queries of S^T and the columns of dK, dV, dQ
@@ -15,7 +15,7 @@
 // One CTA = one (key block of kBlockN = 128 columns (64 at head dim 256), kv head, batch); 384
 // threads. Warpgroup 0, the producer (setmaxnreg down): warp 0 streams the surviving query tiles
 // of every query head of the GQA group into a kStages-deep ring on mbarriers; warp 1 is the dQ
-// writer; warps 2-3 exit. Warpgroups 1..2, the consumers (setmaxnreg up), 64 keys each (at head
+// writer (in deterministic mode warp 2 the second, taking the odd tiles); the other warps exit. Warpgroups 1..2, the consumers (setmaxnreg up), 64 keys each (at head
 // dim 256 the same 64 keys, half the columns each), drain the ring, keep dK and dV in registers
 // over the whole GQA group and hand each tile's dQ to the writer.
 // Measurements and the variants tried: BENCHMARKS.md (Hopper backward).
@@ -61,6 +61,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
     }
     mbar_init(sm.bar_kv, 1);
     mbar_init(sm.bar_dq_full, 128 * Tr::kConsumerWGs);
+    mbar_init(sm.bar_dq_full + 8, 128 * Tr::kConsumerWGs);
     mbar_init(sm.bar_dq_empty, 1);
     mbar_fence_init();
   }
@@ -68,8 +69,9 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 
   if (wg == 0) {
     reg_dealloc<Tr::kProducerRegs>();
-    if (warp == 1 && lane == 0) bwd_dq_writer(a, sm, blk);
-    if (warp != 0) return;  // warp 0 schedules and loads; warps 2-3 have no work
+    const int writers = a.dq_semaphore != nullptr ? Tr::kDetWriters : 1;
+    if (lane == 0 && warp >= 1 && warp <= writers) bwd_dq_writer(a, sm, blk, warp - 1);
+    if (warp != 0) return;  // warp 0 schedules and loads
     bwd_producer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, &tmap_q, &tmap_k, &tmap_v, &tmap_do, blk, lane);
     return;
   }

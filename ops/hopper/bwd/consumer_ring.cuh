@@ -56,13 +56,15 @@ struct BwdConsumerRing {
     }
   }
   // The dQ buffer: wait until the writer has read the previous tile's; after this thread's stores,
-  // hand the tile at workspace offset `off` (-1: the end of the stream) to the writer.
+  // hand the tile at workspace offset `off` (-1: the end of the stream) to the writer. Tile k goes
+  // on dq_full[k % 2] (a deterministic writer per parity, bwd/dq_writer.cuh); the end on both.
   __device__ __forceinline__ void wait_dq_buffer(const BwdSmem<Tr>& sm) const {
     if (dq_count > 0) mbar_wait(sm.bar_dq_empty, (dq_count - 1) & 1);
   }
   __device__ __forceinline__ void hand_dq(const BwdSmem<Tr>& sm, int64_t off, bool leader) {
     if (leader) *sm.dq_off = off;
-    mbar_arrive(sm.bar_dq_full);
+    mbar_arrive(sm.bar_dq_full + 8 * (dq_count & 1));
+    if (off < 0) mbar_arrive(sm.bar_dq_full + 8 * (~dq_count & 1));
     ++dq_count;
   }
 };

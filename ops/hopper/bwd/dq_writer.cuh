@@ -8,10 +8,12 @@
 // largest nb' < nb the producer of nb' would not skip, bwd::classify_pair; the search stops at the
 // tile's first contributing key block, dq_chain_start_kernel) has added its part, and once its own
 // reductions have landed it passes the tile on. The consumers wait for the writer only to hand back
-// the buffer, so the rest runs while they compute the next tile: the writer reads that tile from the
-// Q / dO ring (Tr::kRingTileAhead), passes the current one on and waits for the next one's
-// predecessor. The chain only ever waits on blocks launched earlier (lower linear block index, see
-// launch_wgmma), so it cannot deadlock.
+// the buffer. Where the writers read their tiles from the Q / dO ring (Tr::kRingTileAhead), two of
+// them take turns (even and odd tiles, Tr::kDetWriters): while one adds its tile, the other waits for
+// its last one's reductions to land, passes it on, finds its next tile and waits for that tile's
+// predecessor, so only the bulk reductions' read of the buffer is between two tiles' hand-offs. The
+// chain only ever waits on blocks launched earlier (lower linear block index, see launch_wgmma), so it
+// cannot deadlock.
 #pragma once
 #include <stdint.h>
 
@@ -42,10 +44,16 @@ __device__ __forceinline__ void dq_add_tile(const bwd::BwdArgs& a, const BwdSmem
   bulk_wait_read<0>();
 }
 
-// Deterministic mode (a.dq_semaphore set).
+// Waits until the consumers have handed over dQ tile k (bwd/consumer_ring.cuh: tile k on dq_full[k % 2]).
+template <class Tr>
+__device__ __forceinline__ void wait_dq_full(const BwdSmem<Tr>& sm, int k) {
+  mbar_wait(sm.bar_dq_full + 8 * (k & 1), (k >> 1) & 1);
+}
+
+// Deterministic mode (a.dq_semaphore set): the writer of tiles first, first + Tr::kDetWriters, ...
 template <class Tr>
 __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm,
-                                                      const BwdBlock& blk) {
+                                                      const BwdBlock& blk, int first) {
   int32_t* sem = nullptr;  // the next tile's semaphore (null at the end) and predecessor (-1: none)
   int prev = -1;
   auto chain_of = [&](int h, int m0) {
@@ -59,9 +67,10 @@ __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, con
     if (prev < first) prev = -1;
   };
   // kRingTileAhead: the k-th tile of this CTA from the ring's entry (one stage per tile, in order).
-  // The ring's empty barriers count the writer in this mode (flash_bwd_wgmma.cuh): the producer
+  // The ring's empty barriers count one writer in this mode (flash_bwd_wgmma.cuh): the producer
   // refills the stage only after this read. (Tile 0's dQ hand-off waits for nothing, so the
-  // consumers' release alone could let the producer overwrite the entry first.)
+  // consumers' release alone could let the producer overwrite the entry first.) The producer ends
+  // the stream with one -1 entry per writer.
   auto find_tile = [&](int k) {
     const int stage = k % Tr::kNumStages;
     mbar_wait(sm.bar_full + 8 * stage, (k / Tr::kNumStages) & 1);
@@ -78,10 +87,11 @@ __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, con
     fence_proxy_async_global();  // the reductions come after the predecessor's
   };
   constexpr bool kAhead = Tr::kRingTileAhead;
-  if constexpr (kAhead) find_tile(0);
-  for (int k = 0;; ++k) {
+  constexpr int kStep = kAhead ? Tr::kDetWriters : 1;
+  if constexpr (kAhead) find_tile(first);
+  for (int k = first;; k += kStep) {
     if constexpr (kAhead) wait_predecessor();
-    mbar_wait(sm.bar_dq_full, k & 1);
+    wait_dq_full(sm, k);
     const int64_t off = *sm.dq_off;
     if (off < 0) break;
     if constexpr (!kAhead) {  // the tile from its workspace offset: (head_off + m0) * head_dim
@@ -91,21 +101,26 @@ __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, con
     }
     dq_add_tile<Tr>(a, sm, off, true);
     int32_t* const done = sem;
-    if constexpr (kAhead) find_tile(k + 1);
+    // One writer: the next tile is in the ring already (the consumers compute it), read under the landing.
+    if constexpr (kAhead && kStep == 1) find_tile(k + 1);
     mbar_arrive(sm.bar_dq_empty);  // the buffer is read: the consumers may store the next tile
     bulk_wait<0>();                // the reductions have landed in global memory
     fence_proxy_async_global();    // ... before the tile is passed on
     st_release_gpu(done, blk.nb + 1);
+    // Two writers: this writer's next tile may still be loading; the other writer has the buffer.
+    if constexpr (kAhead && kStep == 2) find_tile(k + 2);
   }
 }
 
+// first: 0, or 1 for the second deterministic writer (Tr::kDetWriters).
 template <class Tr>
-__device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm, const BwdBlock& blk) {
+__device__ __forceinline__ void bwd_dq_writer(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm, const BwdBlock& blk,
+                                              int first) {
   if (a.dq_semaphore != nullptr) {
-    bwd_dq_writer_ordered<Tr>(a, sm, blk);
+    bwd_dq_writer_ordered<Tr>(a, sm, blk, first);
   } else {
     for (int k = 0;; ++k) {
-      mbar_wait(sm.bar_dq_full, k & 1);
+      wait_dq_full(sm, k);
       const int64_t off = *sm.dq_off;
       if (off < 0) break;
       dq_add_tile<Tr>(a, sm, off, false);

@@ -82,10 +82,17 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
       __syncwarp();
     }
   }
-  if (lane == 0) {  // end of stream
-    mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
-    sm.entry[stage] = -1;
-    mbar_arrive(sm.bar_full + 8 * stage);
+  if (lane == 0) {  // end of stream, once for each deterministic writer reading the ring
+    const int ends = a.dq_semaphore != nullptr ? Tr::kDetWriters : 1;
+    for (int e = 0; e < ends; ++e) {
+      mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
+      sm.entry[stage] = -1;
+      mbar_arrive(sm.bar_full + 8 * stage);
+      if (++stage == kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
   }
 }
 

@@ -23,6 +23,11 @@ struct BwdWgTraits {
   // after handing its dQ over (bwd/mainloop.cuh): the writer has read the entry by then (the first
   // tile aside), so it does not hold the producer back. The head-dim-256 loop releases the stage first.
   static constexpr bool kRingTileAhead = !kSplitD;
+  // Deterministic mode with kRingTileAhead: two writer threads take turns, even and odd tiles, so that
+  // one adds its tile while the other passes its own on (bwd/dq_writer.cuh). Each then waits on every
+  // other stage's phases, which needs an even number of stages.
+  static constexpr int kDetWriters = kRingTileAhead ? 2 : 1;
+  static_assert(kDetWriters == 1 || kStages % 2 == 0, "two dQ writers need an even number of ring stages");
   static constexpr int kConsumerWGs = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim
@@ -81,9 +86,9 @@ struct BwdWgTraits {
   static constexpr int kOffWarpCounts = kOffList + 128 * 4;              // 4 int (+pad)
   static constexpr int kOffDqOff = kOffWarpCounts + 16 * 4;               // int64: the dQ tile being written
   static constexpr int kOffdQ = (kOffDqOff + 8 + 1023) / 1024 * 1024;   // dQ tile, fp32, one part per warpgroup
-  // full[kStages], empty[kStages], kv, dq_full, dq_empty
+  // full[kStages], empty[kStages], kv, dq_full[2], dq_empty
   static constexpr int kOffBar = kOffdQ + kConsumerWGs * kDqWgFloats * 4;
-  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 3);
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 4);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
 };
@@ -105,7 +110,7 @@ struct BwdSmem {
   int* warp_counts;                             // the mask scheduler's per-warp counts
   volatile int64_t* dq_off;                     // workspace offset of the dQ tile in sdQ, -1 ends
   uint32_t bar_full, bar_empty, bar_kv;         // mbarriers: [kStages], [kStages], K/V
-  uint32_t bar_dq_full, bar_dq_empty;           // consumers <-> dQ writer warp
+  uint32_t bar_dq_full, bar_dq_empty;           // consumers <-> dQ writer: [2] (tile % 2), [1]
 
   __device__ __forceinline__ explicit BwdSmem(unsigned char* smem_raw) {
     const uint32_t raw_u32 = smem_u32(smem_raw);
@@ -128,7 +133,7 @@ struct BwdSmem {
     bar_empty = bar_full + 8 * Tr::kNumStages;
     bar_kv = bar_empty + 8 * Tr::kNumStages;
     bar_dq_full = bar_kv + 8;
-    bar_dq_empty = bar_kv + 16;
+    bar_dq_empty = bar_kv + 24;
     sdQ = base_u32 + Tr::kOffdQ;
     dq_off = reinterpret_cast<volatile int64_t*>(base + Tr::kOffDqOff);
   }
