@@ -109,9 +109,10 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
       row_sum[r] = row_sum[r] * alpha[r] + sum;
     }
   };
-  // O *= alpha, skipped when neither row's maximum moved (most blocks once the maximum settles).
+  // O *= alpha. The overlapped loop skips it when neither row's maximum moved (most blocks once the
+  // maximum settles); the plain loop runs faster without the branch (BENCHMARKS.md, 2026-12-02).
   auto rescale_o = [&](const float (&alpha)[2]) {
-    if (alpha[0] == 1.f && alpha[1] == 1.f) return;
+    if (kOverlap && alpha[0] == 1.f && alpha[1] == 1.f) return;
 #pragma unroll
     for (int d = 0; d < kHeadDim / 8; ++d)
 #pragma unroll
