@@ -15,9 +15,10 @@
 // One CTA = one (key block of kBlockN = 128 columns (64 at head dim 256), kv head, batch); 384
 // threads. Warpgroup 0, the producer (setmaxnreg down): warp 0 streams the surviving query tiles
 // of every query head of the GQA group into a kStages-deep ring on mbarriers; warp 1 is the dQ
-// writer (in deterministic mode warp 2 the second, taking the odd tiles); the other warps exit. Warpgroups 1..2, the consumers (setmaxnreg up), 64 keys each (at head
-// dim 256 the same 64 keys, half the columns each), drain the ring, keep dK and dV in registers
-// over the whole GQA group and hand each tile's dQ to the writer.
+// writer (in deterministic mode warp 2 a second one, taking the odd tiles); the other warps exit.
+// Warpgroups 1..2, the consumers (setmaxnreg up), 64 keys each (at head dim 256 the same 64 keys,
+// half the columns each), drain the ring, keep dK and dV in registers over the whole GQA group and
+// hand each tile's dQ to the writer.
 // Measurements and the variants tried: BENCHMARKS.md (Hopper backward).
 //
 // The roles are __forceinline__ functions, and nvcc optimizes a function before inlining it: what
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(sm.bar_full + 8 * s, 1);                         // lane 0 of producer warp 0 (+ transaction bytes)
-      // every consumer thread, and the deterministic dQ writer where it reads the ring (bwd/dq_writer.cuh)
+      // every consumer thread, and the deterministic dQ writer of the tile where it reads the ring (bwd/dq_writer.cuh)
       const bool writer_reads = Tr::kRingTileAhead && a.dq_semaphore != nullptr;
       mbar_init(sm.bar_empty + 8 * s, 128 * Tr::kConsumerWGs + (writer_reads ? 1 : 0));
     }

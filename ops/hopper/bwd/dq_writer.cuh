@@ -87,7 +87,7 @@ __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, con
     fence_proxy_async_global();  // the reductions come after the predecessor's
   };
   constexpr bool kAhead = Tr::kRingTileAhead;
-  constexpr int kStep = kAhead ? Tr::kDetWriters : 1;
+  constexpr int kStep = Tr::kDetWriters;  // 2 where the writers read the ring
   if constexpr (kAhead) find_tile(first);
   for (int k = first;; k += kStep) {
     if constexpr (kAhead) wait_predecessor();
@@ -101,14 +101,12 @@ __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, con
     }
     dq_add_tile<Tr>(a, sm, off, true);
     int32_t* const done = sem;
-    // One writer: the next tile is in the ring already (the consumers compute it), read under the landing.
-    if constexpr (kAhead && kStep == 1) find_tile(k + 1);
     mbar_arrive(sm.bar_dq_empty);  // the buffer is read: the consumers may store the next tile
     bulk_wait<0>();                // the reductions have landed in global memory
     fence_proxy_async_global();    // ... before the tile is passed on
     st_release_gpu(done, blk.nb + 1);
-    // Two writers: this writer's next tile may still be loading; the other writer has the buffer.
-    if constexpr (kAhead && kStep == 2) find_tile(k + 2);
+    // This writer's next tile, which may still be loading: meanwhile the other writer has the buffer.
+    if constexpr (kAhead) find_tile(k + kStep);
   }
 }
 

@@ -24,8 +24,8 @@ struct BwdWgTraits {
   // tile aside), so it does not hold the producer back. The head-dim-256 loop releases the stage first.
   static constexpr bool kRingTileAhead = !kSplitD;
   // Deterministic mode with kRingTileAhead: two writer threads take turns, even and odd tiles, so that
-  // one adds its tile while the other passes its own on (bwd/dq_writer.cuh). Each then waits on every
-  // other stage's phases, which needs an even number of stages.
+  // one adds its tile while the other passes its own on (bwd/dq_writer.cuh). Each reads every other
+  // tile's ring stage, whose phases stay in step only with an even number of stages.
   static constexpr int kDetWriters = kRingTileAhead ? 2 : 1;
   static_assert(kDetWriters == 1 || kStages % 2 == 0, "two dQ writers need an even number of ring stages");
   static constexpr int kConsumerWGs = kSplitD ? 2 : kBlockN / 64;
