@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kSt
 
   if (wg == 0) {
     reg_dealloc<Tr::kProducerRegs>();
-    const int writers = a.dq_semaphore != nullptr ? Tr::kDetWriters : 1;
+    const int writers = Tr::dq_writers(a.dq_semaphore != nullptr);
     if (lane == 0 && warp >= 1 && warp <= writers) bwd_dq_writer(a, sm, blk, warp - 1);
     if (warp != 0) return;  // warp 0 schedules and loads
     bwd_producer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, &tmap_q, &tmap_k, &tmap_v, &tmap_do, blk, lane);

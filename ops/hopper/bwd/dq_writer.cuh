@@ -2,8 +2,8 @@
 // deterministic mode also of warp 2). Per query tile the consumers store their dQ parts to shared
 // memory in accumulator order (bwd::dq_tile_offset) and arrive on dq_full[tile % 2]; the writer
 // adds each warpgroup's part to the tile-blocked fp32 workspace with one bulk reduction
-// (cp.reduce.async.bulk .add.f32) and hands the buffer back on dq_empty once the reductions have read it. A workspace offset of -1 ends the
-// stream. Deterministic mode (a.dq_semaphore): every tile's sum is formed in key-block order. Before
+// (cp.reduce.async.bulk .add.f32) and hands the buffer back on dq_empty once the reductions have
+// read it. A workspace offset of -1 ends the stream. Deterministic mode (a.dq_semaphore): every tile's sum is formed in key-block order. Before
 // adding a tile, the writer waits until the previous key block that contributes to that tile (the
 // largest nb' < nb the producer of nb' would not skip, bwd::classify_pair; the search stops at the
 // tile's first contributing key block, dq_chain_start_kernel) has added its part, and once its own

@@ -83,7 +83,7 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
     }
   }
   if (lane == 0) {  // end of stream, once for each deterministic writer reading the ring
-    const int ends = a.dq_semaphore != nullptr ? Tr::kDetWriters : 1;
+    const int ends = Tr::dq_writers(a.dq_semaphore != nullptr);
     for (int e = 0; e < ends; ++e) {
       mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
       sm.entry[stage] = -1;

@@ -28,6 +28,8 @@ struct BwdWgTraits {
   // tile's ring stage, whose phases stay in step only with an even number of stages.
   static constexpr int kDetWriters = kRingTileAhead ? 2 : 1;
   static_assert(kDetWriters == 1 || kStages % 2 == 0, "two dQ writers need an even number of ring stages");
+  // The dQ writer threads of a launch (the default mode has one).
+  __host__ __device__ static constexpr int dq_writers(bool deterministic) { return deterministic ? kDetWriters : 1; }
   static constexpr int kConsumerWGs = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim
