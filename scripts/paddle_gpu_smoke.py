@@ -10,10 +10,10 @@ For each case (mask family, head dim, dtype), on the same Paddle tensors:
     rounding (dq may differ in the order of its fp32 reductions);
   - the op against Paddle's own paddle.nn.functional.flashmask_attention, where that runs.
 With FLAGS_cudnn_deterministic set, the op's backward must be bitwise repeatable (and equal to the
-DLPack entry's deterministic mode). With two or more GPUs it also runs a case on the second GPU while the first is current (the
-result must match the same case on the first GPU, and the first must stay current), and checks
-that inputs on two devices are refused. Prints one line per check; exit 1 on any failure, 2 when
-it cannot run here.
+DLPack entry's deterministic mode). With two or more GPUs it also runs a case on the second GPU
+while the first is current (the result must match the same case on the first GPU, and the first
+must stay current), and checks that inputs on two devices are refused. Prints one line per check;
+exit 1 on any failure, 2 when it cannot run here.
 
     python scripts/paddle_gpu_smoke.py [--seqlens 1000 4096] [--head-dims 64 128] [--dtypes bf16 fp16]
 """
