@@ -11,9 +11,10 @@ Paddle's ops.yaml / backward.yaml) and yaml/kernel_configs.yaml, and writes:
   kernel that serves it (WGMMA or mma.sync);
 - paddle_fm3/_config.py: the same configs for Python (when --py-config given).
 
-A kernel config that no kernel serves correctly (a head dim the mma.sync kernel's swizzle cannot
-lay out, a tile shape past shared memory, a forward head dim without a backward config) stops
-the generator, and so the build, with a message naming the head dim (check_kernel_configs).
+A kernel config that no kernel serves correctly (ops/hopper/kernel_rules.py: a head dim that is not
+a multiple of 16 up to 256, a tile shape past shared memory, a forward head dim without a backward
+config) stops the generator, and so the build, with a message naming the head dim
+(check_kernel_configs).
 
 Usage: python scripts/gen_ops.py --out-dir build/generated [--py-config paddle_fm3/_config.py]
 """
@@ -24,6 +25,7 @@ import argparse
 import dataclasses
 import pathlib
 import re
+import sys
 
 import yaml
 
@@ -200,20 +202,22 @@ def gen_prototypes(decls: list[OpDecl]) -> str:
 # config some kernel cannot serve fails here (naming the head dim), not at run time.
 # ---------------------------------------------------------------------------
 
-SMEM_LIMIT = 227 * 1024  # shared memory per block on sm90
-BLOCK_MASK_SIZE = 128  # fm3::kBlockMaskSize: a WGMMA key block lies inside one block_mask column block
-MMA_SYNC_MAX_BLOCK_M = 128  # the forward mma.sync kernel takes min(block_m, this) rows per tile
-WGMMA = "wgmma"  # warp-specialized TMA + WGMMA kernel (flash_fwd_wgmma.cuh / flash_bwd_wgmma.cuh)
-MMA_SYNC = "mma_sync"  # mma.sync kernel (flash_fwd_mma_sync.cuh / flash_bwd_mma_sync.cuh)
-
-
-class ConfigError(ValueError):
-    """A kernel config that no kernel serves correctly."""
+sys.path.insert(0, str(ROOT / "ops" / "hopper"))
+from kernel_rules import MMA_SYNC_MAX_BLOCK_M, WGMMA, ConfigError, serve_bwd, serve_fwd  # noqa: E402  (ops/hopper/kernel_rules.py)
 
 
 def _ints(section: str, c: dict, keys: tuple[str, ...], flags: tuple[str, ...] = ()) -> dict:
+    """Entry c of a section with every key present and typed; a Hopper entry's head_dim_v (the value
+    head dim, optional) defaults to its head_dim."""
+    optional = ()
+    if section != "cpu":
+        optional = ("head_dim_v",)
+        if isinstance(c, dict) and "head_dim_v" not in c and "head_dim" in c:
+            c = {**c, "head_dim_v": c["head_dim"]}
+    keys = keys + optional
     if not isinstance(c, dict) or set(c) != set(keys) | set(flags):
-        raise ConfigError(f"{section}: every entry needs exactly the keys {list(keys) + list(flags)}, got {c!r}")
+        raise ConfigError(f"{section}: every entry needs exactly the keys {list(keys) + list(flags)}"
+                          f"{' (head_dim_v optional)' if optional else ''}, got {c!r}")
     for k in keys:
         if isinstance(c[k], bool) or not isinstance(c[k], int) or c[k] < 1:
             raise ConfigError(f"{section} head_dim {c.get('head_dim')}: {k} must be a positive integer, got {c[k]!r}")
@@ -223,76 +227,12 @@ def _ints(section: str, c: dict, keys: tuple[str, ...], flags: tuple[str, ...] =
     return dict(c)
 
 
-def fwd_kernel(c: dict) -> str:
-    """Kernel that serves a forward config: the WGMMA kernel where it covers the tile shape
-    (WgTraits in ops/hopper/fwd/traits.cuh), else the mma.sync kernel. The mma.sync kernel is built for
-    every config: it also serves layouts TMA cannot describe and FM3_FWD_KERNEL=mma_sync."""
-    hd, bm, bn, st, wg = (c[k] for k in ("head_dim", "block_m", "block_n", "stages", "consumer_warpgroups"))
-    covered = (hd in (64, 128, 256) and bn in (64, 128) and wg in (1, 2, 3) and bm == 64 * wg and 2 <= st <= 16
-               and BLOCK_MASK_SIZE % bn == 0)
-    return WGMMA if covered else MMA_SYNC
-
-
-def bwd_kernel(c: dict) -> str:
-    """Kernel that serves a backward config: the WGMMA kernel for head_dim 64/128 with 64 x 128
-    tiles, or 128 x 128 at head_dim 64, and for head_dim 256 with 64 x 64 tiles and one stage (the
-    227 KiB hold no second) (BwdWgTraits in ops/hopper/bwd/traits.cuh), else the mma.sync kernel
-    (built for every head dim with 64-row tiles: the fallback and its deterministic dQ pass)."""
-    hd, bm, bn, st = c["head_dim"], c["block_m"], c["block_n"], c["stages"]
-    covered = ((hd in (64, 128) and (bm == 64 or (bm == 128 and hd == 64)) and bn == 128 and 2 <= st <= 16)
-               or (hd == 256 and bm == 64 and bn == 64 and st == 1))
-    return WGMMA if covered else MMA_SYNC
-
-
-def check_fwd_mma_sync(c: dict) -> None:
-    """The forward mma.sync kernel's requirements (FwdTraits in flash_fwd_mma_sync.cuh), on its tiles of
-    min(block_m, MMA_SYNC_MAX_BLOCK_M) rows."""
-    hd, bn, wg = c["head_dim"], c["block_n"], c["consumer_warpgroups"]
-    where = f"sm90 head_dim {hd}"
-    if hd % 64 != 0:
-        raise ConfigError(f"{where}: no kernel serves it; the mma.sync kernel's XOR swizzle of 16-byte chunks "
-                          f"needs head_dim % 64 == 0 and the WGMMA kernel serves 64, 128, 256")
-    if c["block_m"] != 64 * wg:
-        raise ConfigError(f"{where}: block_m ({c['block_m']}) must be 64 rows per consumer warpgroup "
-                          f"(64 x consumer_warpgroups = {64 * wg})")
-    bm = min(c["block_m"], MMA_SYNC_MAX_BLOCK_M)
-    if bn % 16 != 0:
-        raise ConfigError(f"{where}: block_n ({bn}) must be a multiple of 16")
-    threads = 2 * bm  # bm / 16 warps
-    if (bn * hd // 8) % threads != 0:
-        raise ConfigError(f"{where}: a {bn}-row K/V tile does not divide among {threads} threads "
-                          f"(block_n * head_dim / 8 must be a multiple of 2 * block_m)")
-    smem = 2 * (bm * hd + 4 * bn * hd) + 4 * (threads + 32) + 4 * 2 * 4 * bn
-    if smem > SMEM_LIMIT:
-        raise ConfigError(f"{where}: the mma.sync kernel needs {smem} bytes of shared memory, "
-                          f"more than {SMEM_LIMIT}")
-
-
-def check_bwd_mma_sync(c: dict) -> None:
-    """The backward mma.sync kernels' requirements (BwdTraits in flash_bwd_mma_sync.cuh)."""
-    hd, bm, bn = c["head_dim"], c["block_m"], c["block_n"]
-    where = f"sm90_bwd head_dim {hd}"
-    if hd % 64 != 0:
-        raise ConfigError(f"{where}: no kernel serves it; the mma.sync kernel's XOR swizzle of 16-byte chunks "
-                          f"needs head_dim % 64 == 0 and the WGMMA kernel serves 64, 128")
-    if bm != 64 and bwd_kernel(c) == MMA_SYNC:
-        raise ConfigError(f"{where}: block_m must be 64 (the warp layouts of the mma.sync backward), got {bm}")
-    bm = 64  # the mma.sync kernels always take 64-row tiles
-    if bn not in (64, 128):
-        raise ConfigError(f"{where}: block_n must be 64 or 128, got {bn}")
-    ints = 4 * (4 * bn + 256 + 32)
-    col = 2 * (2 * bn * hd + 4 * bm * hd + 2 * bm * bn) + ints
-    row = 2 * (2 * bm * hd + 4 * bn * hd + bm * bn) + ints
-    if max(col, row) > SMEM_LIMIT:
-        raise ConfigError(f"{where}: the mma.sync kernels need {max(col, row)} bytes of shared memory, "
-                          f"more than {SMEM_LIMIT}")
-
-
 def check_kernel_configs(cfg: dict) -> dict:
-    """Validate yaml/kernel_configs.yaml; return it with each sm90 / sm90_bwd entry's ``kernel``.
+    """Validate yaml/kernel_configs.yaml; return it with each sm90 / sm90_bwd entry's ``head_dim_v``,
+    ``kernel``, ``fallback`` and tile head dims (ops/hopper/kernel_rules.py).
 
-    Raises ConfigError (naming the head dim) for a config no kernel serves correctly, a head dim
-    listed twice, a forward head dim without a backward config (or the reverse), or a head dim
+    Raises ConfigError (naming the head dims) for a config no kernel serves correctly, a head-dim
+    pair listed twice, a forward pair without a backward config (or the reverse), or a head dim
     past cpu.max_head_dim (the API's bound).
     """
     if not isinstance(cfg, dict) or not isinstance(cfg.get("cpu"), dict):
@@ -301,28 +241,28 @@ def check_kernel_configs(cfg: dict) -> dict:
     fwd = [_ints("sm90", c, ("head_dim", "block_m", "block_n", "stages", "consumer_warpgroups"), ("intra_wg_overlap",))
            for c in cfg.get("sm90") or []]
     bwd = [_ints("sm90_bwd", c, ("head_dim", "block_m", "block_n", "stages")) for c in cfg.get("sm90_bwd") or []]
-    for section, entries, check, kernel in (("sm90", fwd, check_fwd_mma_sync, fwd_kernel),
-                                            ("sm90_bwd", bwd, check_bwd_mma_sync, bwd_kernel)):
+    pairs = {}
+    for section, entries, serve in (("sm90", fwd, serve_fwd), ("sm90_bwd", bwd, serve_bwd)):
         seen = set()
-        for c in entries:
-            hd = c["head_dim"]
-            if hd in seen:
-                raise ConfigError(f"{section} head_dim {hd} is listed twice")
-            seen.add(hd)
-            if hd > cpu["max_head_dim"]:
-                raise ConfigError(f"{section} head_dim {hd} exceeds cpu.max_head_dim {cpu['max_head_dim']} "
-                                  f"(the API rejects it)")
-            lo = 1 if section == "sm90_bwd" else 2  # the backward's ring also runs with one stage
-            if not lo <= c["stages"] <= 16:
-                raise ConfigError(f"{section} head_dim {hd}: stages must be in [{lo}, 16], got {c['stages']}")
-            check(c)
-            c["kernel"] = kernel(c)
-    fwd_dims, bwd_dims = {c["head_dim"] for c in fwd}, {c["head_dim"] for c in bwd}
-    for hd in sorted(fwd_dims - bwd_dims):
-        raise ConfigError(f"sm90 head_dim {hd} has no sm90_bwd config: every forward head dim needs a backward")
-    for hd in sorted(bwd_dims - fwd_dims):
-        raise ConfigError(f"sm90_bwd head_dim {hd} has no sm90 (forward) config")
+        for i, c in enumerate(entries):
+            pair = (c["head_dim"], c["head_dim_v"])
+            name = f"{section} head_dim {pair[0]}" + (f"/{pair[1]}" if pair[1] != pair[0] else "")
+            if pair in seen:
+                raise ConfigError(f"{name} is listed twice")
+            seen.add(pair)
+            if max(pair) > cpu["max_head_dim"]:
+                raise ConfigError(f"{name} exceeds cpu.max_head_dim {cpu['max_head_dim']} (the API rejects it)")
+            entries[i] = serve(c)
+        pairs[section] = seen
+    for hd, hdv in sorted(pairs["sm90"] - pairs["sm90_bwd"]):
+        raise ConfigError(f"sm90 head_dim {hd}/{hdv} has no sm90_bwd config: every forward head dim needs a backward")
+    for hd, hdv in sorted(pairs["sm90_bwd"] - pairs["sm90"]):
+        raise ConfigError(f"sm90_bwd head_dim {hd}/{hdv} has no sm90 (forward) config")
     return {"cpu": cpu, "sm90": fwd, "sm90_bwd": bwd}
+
+
+def _pair(c: dict) -> str:
+    return f"{c['head_dim']}" + (f"/{c['head_dim_v']}" if c["head_dim_v"] != c["head_dim"] else "")
 
 
 def gen_config_header(cfg: dict) -> str:
@@ -335,20 +275,26 @@ def gen_config_header(cfg: dict) -> str:
              "// The forward mma.sync kernel (fallback) takes tiles of min(block_m, this) rows.",
              f"constexpr int kMmaSyncMaxBlockM = {MMA_SYNC_MAX_BLOCK_M};", "",
              "// Hopper forward tile configs: FM3_SM90_CONFIGS(X) calls",
-             "// X(head_dim, block_m, block_n, stages, consumer_warpgroups, intra_wg_overlap, wgmma) per entry;",
-             "// wgmma = 1: the WGMMA kernel serves it (the mma.sync kernel then serves layouts TMA cannot",
-             "// describe), 0: the mma.sync kernel alone.",
-             *[f"//   head_dim {c['head_dim']}: {c['kernel']}" for c in cfg["sm90"]],
+             "// X(head_dim, head_dim_v, block_m, block_n, stages, consumer_warpgroups, intra_wg_overlap, wgmma,",
+             "//   fallback) per entry; wgmma = 1: the WGMMA kernel serves it, 0: the mma.sync kernel alone;",
+             "// fallback = 1: the mma.sync kernel is built for it too (layouts TMA cannot describe,",
+             "// FM3_FWD_KERNEL=mma_sync). ops/hopper/kernel_rules.py says which kernel serves what.",
+             *[f"//   head_dim {_pair(c)}: {c['kernel']}{' (+ mma_sync)' if c['fallback'] and c['kernel'] == WGMMA else ''}"
+               for c in cfg["sm90"]],
              "#define FM3_SM90_CONFIGS(X) \\"]
     for c in cfg["sm90"]:
-        lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}, {c['consumer_warpgroups']}, "
-                     f"{str(c['intra_wg_overlap']).lower()}, {int(c['kernel'] == WGMMA)}) \\")
+        lines.append(f"  X({c['head_dim']}, {c['head_dim_v']}, {c['block_m']}, {c['block_n']}, {c['stages']}, "
+                     f"{c['consumer_warpgroups']}, {str(c['intra_wg_overlap']).lower()}, {int(c['kernel'] == WGMMA)}, "
+                     f"{int(c['fallback'])}) \\")
     lines += ["", "// Hopper backward tile configs: FM3_SM90_BWD_CONFIGS(X) calls",
-              "// X(head_dim, block_m, block_n, stages, wgmma) per entry (wgmma as above).",
-              *[f"//   head_dim {c['head_dim']}: {c['kernel']}" for c in cfg["sm90_bwd"]],
+              "// X(head_dim, head_dim_v, tile_dim, block_m, block_n, stages, wgmma, fallback) per entry",
+              "// (tile_dim: the WGMMA kernel's padded head dim; wgmma, fallback as above).",
+              *[f"//   head_dim {_pair(c)}: {c['kernel']}{' (+ mma_sync)' if c['fallback'] and c['kernel'] == WGMMA else ''}"
+                for c in cfg["sm90_bwd"]],
               "#define FM3_SM90_BWD_CONFIGS(X) \\"]
     for c in cfg["sm90_bwd"]:
-        lines.append(f"  X({c['head_dim']}, {c['block_m']}, {c['block_n']}, {c['stages']}, {int(c['kernel'] == WGMMA)}) \\")
+        lines.append(f"  X({c['head_dim']}, {c['head_dim_v']}, {c['tile_dim']}, {c['block_m']}, {c['block_n']}, "
+                     f"{c['stages']}, {int(c['kernel'] == WGMMA)}, {int(c['fallback'])}) \\")
     lines += ["", "}  // namespace fm3", ""]
     return "\n".join(lines)
 
@@ -356,17 +302,21 @@ def gen_config_header(cfg: dict) -> str:
 def gen_py_config(cfg: dict) -> str:
     """paddle_fm3/_config.py of a config checked by check_kernel_configs."""
     cpu = cfg["cpu"]
+    pairs = tuple(sorted((c["head_dim"], c["head_dim_v"]) for c in cfg["sm90"]))
     return (
         '"""GENERATED by scripts/gen_ops.py from yaml/kernel_configs.yaml. Do not edit.\n\n'
         "Each SM90 entry's ``kernel`` says which kernel serves it: 'wgmma' (the warp-specialized\n"
-        "TMA/WGMMA kernel; the mma.sync kernel serves layouts TMA cannot describe) or 'mma_sync'.\n"
+        "TMA/WGMMA kernel) or 'mma_sync'; ``fallback``: the mma.sync kernel is built for it too.\n"
+        "SM90_HEAD_DIMS: the (head_dim, head_dim_v) pairs the GPU serves; HEAD_DIM_V_PAIRS: those whose\n"
+        "value head dim differs (accepted on every path, e.g. MLA's (192, 128)).\n"
         '"""\n\n'
         f"CPU_BLOCK_M = {int(cpu['block_m'])}\n"
         f"CPU_BLOCK_N = {int(cpu['block_n'])}\n"
         f"CPU_MAX_HEAD_DIM = {int(cpu['max_head_dim'])}\n"
         f"SM90_CONFIGS = {cfg['sm90']!r}\n"
         f"SM90_BWD_CONFIGS = {cfg['sm90_bwd']!r}\n"
-        f"SM90_HEAD_DIMS = {tuple(sorted(c['head_dim'] for c in cfg['sm90']))!r}\n"
+        f"SM90_HEAD_DIMS = {pairs!r}\n"
+        f"HEAD_DIM_V_PAIRS = {tuple(p for p in pairs if p[0] != p[1])!r}\n"
     )
 
 

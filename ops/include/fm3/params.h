@@ -14,7 +14,8 @@ extern "C" {
 typedef enum { FM3_FLOAT32 = 0, FM3_FLOAT16 = 1, FM3_BFLOAT16 = 2 } fm3_dtype;
 
 /* Layout [batch, seqlen, num_heads, head_dim]; strides in elements; the
- * head_dim stride is 1. startend_row_indices is contiguous int32
+ * head_dim stride is 1. q and k have head_dim columns, v and out head_dim_v (equal but for the
+ * pairs yaml/kernel_configs.yaml lists, e.g. MLA's 192 / 128). startend_row_indices is contiguous int32
  * [batch, mask_heads, seqlen_k, mask_cols]; block_mask (may be NULL) is
  * contiguous int32 [batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)].
  * softmax_lse is contiguous fp32 [batch, num_heads, seqlen_q], natural log. */
@@ -30,7 +31,7 @@ typedef struct {
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
   int64_t o_batch_stride, o_row_stride, o_head_stride;
-  int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim;
+  int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim, head_dim_v;
   int mask_heads, mask_cols;
   float softmax_scale;
   int causal;
@@ -39,7 +40,7 @@ typedef struct {
 } fm3_fwd_params;
 
 /* Backward: fwd holds q, k, v, out, softmax_lse (inputs here) and the mask;
- * dout, dq, dk, dv share q's/k's/v's/out's strides respectively. workspace: NULL, or device
+ * dout, dq, dk, dv share out's/q's/k's/v's strides respectively. workspace: NULL, or device
  * memory of workspace_bytes >= fm3_cuda_bwd_workspace_bytes(p), 256-byte aligned, that the GPU
  * backward uses instead of its own pool (a framework's allocator; unused on CPU). */
 typedef struct {

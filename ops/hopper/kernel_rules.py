@@ -1,0 +1,150 @@
+"""Which tile configs the Hopper kernels serve: the one home of that rule.
+
+scripts/gen_ops.py reads it to check yaml/kernel_configs.yaml and to state, in the generated
+fm3_generated_config.h and paddle_fm3/_config.py, which kernel serves each entry and the padded tile
+head dims the launchers instantiate; the kernel traits (fwd/traits.cuh, bwd/traits.cuh,
+flash_*_mma_sync.cuh) only assert the structural facts their code relies on.
+
+Head dims. The WGMMA kernels keep Q, K, V, dO in 128-byte-swizzled sub-tiles of 64 columns; a head
+dim that is not a multiple of 64 (80, 96) is served by the next multiple of 64, the TMA loads filling
+the columns past it with zeros (exact: they add 0 to every product) and the stores writing only the
+real ones. The forward reduces S = Q K^T over the real head dim only (k16 steps). The backward's tile
+head dim is the smallest it is built for (64, 128, 256) that holds both head dims: its dK / dV
+accumulators either hold a whole key row (64, 128) or split it in halves of whole sub-tiles (256).
+The mma.sync kernels (fallback, and FM3_FWD_KERNEL / FM3_BWD_KERNEL=mma_sync) have no zero fill:
+they serve equal head dims that are multiples of 64.
+"""
+
+from __future__ import annotations
+
+SMEM_LIMIT = 227 * 1024  # shared memory per block on sm90
+BLOCK_MASK_SIZE = 128  # fm3::kBlockMaskSize: a WGMMA key block lies inside one block_mask column block
+MAX_HEAD_DIM = 256
+HEAD_DIM_STEP = 16  # k16 steps of the tensor-core products; TMA rows of 16-byte multiples
+MMA_SYNC_MAX_BLOCK_M = 128  # the forward mma.sync kernel takes min(block_m, this) rows per tile
+MMA_SYNC_BLOCK_M_BWD = 64  # the backward mma.sync kernels' warp layouts take 64 query rows
+BWD_WGMMA_TILE_DIMS = (64, 128, 256)  # head dims the WGMMA backward's layouts are built for
+WGMMA = "wgmma"  # warp-specialized TMA + WGMMA kernel (flash_fwd_wgmma.cuh / flash_bwd_wgmma.cuh)
+MMA_SYNC = "mma_sync"  # mma.sync kernel (flash_fwd_mma_sync.cuh / flash_bwd_mma_sync.cuh)
+
+
+class ConfigError(ValueError):
+    """A kernel config that no kernel serves correctly."""
+
+
+def round64(d: int) -> int:
+    return (d + 63) // 64 * 64
+
+
+def head_dims_error(where: str, hd: int, hdv: int) -> str | None:
+    """Why no Hopper kernel serves the head dims (q/k hd, v hdv), or None."""
+    for name, d in (("head_dim", hd), ("head_dim_v", hdv)):
+        if d % HEAD_DIM_STEP or not HEAD_DIM_STEP <= d <= MAX_HEAD_DIM:
+            return (f"{where}: {name} {d}: no kernel serves it; the Hopper kernels serve multiples of "
+                    f"{HEAD_DIM_STEP} up to {MAX_HEAD_DIM}")
+    return None
+
+
+def bwd_tile_dim(hd: int, hdv: int) -> int:
+    """The WGMMA backward's tile head dim for head dims (hd, hdv)."""
+    return next(t for t in BWD_WGMMA_TILE_DIMS if t >= max(hd, hdv))
+
+
+# ---- forward ----------------------------------------------------------------------------------
+
+def fwd_wgmma_error(c: dict) -> str | None:
+    """Why the forward WGMMA kernel (WgTraits, fwd/traits.cuh) cannot serve config c, or None. (A tile
+    past the 227 KiB of shared memory stops the build at WgTraits' static_assert.)"""
+    bm, bn, st, wg = c["block_m"], c["block_n"], c["stages"], c["consumer_warpgroups"]
+    if bn not in (64, 128) or BLOCK_MASK_SIZE % bn:
+        return f"block_n must be 64 or 128, got {bn}"
+    if not (1 <= wg <= 3 and bm == 64 * wg):
+        return f"block_m ({bm}) must be 64 rows per consumer warpgroup (1 to 3 of them)"
+    if not 2 <= st <= 16:
+        return f"stages must be in [2, 16], got {st}"
+    return None
+
+
+def fwd_mma_sync_error(c: dict) -> str | None:
+    """Why the forward mma.sync kernel (FwdTraits in flash_fwd_mma_sync.cuh) cannot serve c, on its
+    tiles of min(block_m, MMA_SYNC_MAX_BLOCK_M) rows, or None."""
+    hd, hdv, bn, wg = c["head_dim"], c["head_dim_v"], c["block_n"], c["consumer_warpgroups"]
+    if hd != hdv:
+        return f"head_dim_v {hdv} != head_dim {hd}: the mma.sync kernel takes one head dim"
+    if hd % 64:
+        return "its XOR swizzle of 16-byte chunks needs head_dim % 64 == 0"
+    if c["block_m"] != 64 * wg:
+        return f"block_m ({c['block_m']}) must be 64 rows per consumer warpgroup (64 x consumer_warpgroups = {64 * wg})"
+    bm = min(c["block_m"], MMA_SYNC_MAX_BLOCK_M)
+    if bn % 16:
+        return f"block_n ({bn}) must be a multiple of 16"
+    threads = 2 * bm  # bm / 16 warps
+    if (bn * hd // 8) % threads:
+        return (f"a {bn}-row K/V tile does not divide among {threads} threads "
+                f"(block_n * head_dim / 8 must be a multiple of 2 * block_m)")
+    smem = 2 * (bm * hd + 4 * bn * hd) + 4 * (threads + 32) + 4 * 2 * 4 * bn
+    if smem > SMEM_LIMIT:
+        return f"the mma.sync kernel needs {smem} bytes of shared memory, more than {SMEM_LIMIT}"
+    return None
+
+
+def serve_fwd(c: dict) -> dict:
+    """c with ``kernel`` (the kernel that serves it), ``fallback`` (whether the mma.sync kernel is
+    built for it too) and its padded tile head dims; ConfigError when neither kernel serves it."""
+    where = f"sm90 head_dim {c['head_dim']}" + (f"/{c['head_dim_v']}" if c["head_dim_v"] != c["head_dim"] else "")
+    if (e := head_dims_error(where, c["head_dim"], c["head_dim_v"])) is not None:
+        raise ConfigError(e)
+    wgmma_e, mma_e = fwd_wgmma_error(c), fwd_mma_sync_error(c)
+    if wgmma_e is not None and mma_e is not None:
+        raise ConfigError(f"{where}: no kernel serves it: the WGMMA kernel: {wgmma_e}; the mma.sync kernel: {mma_e}")
+    return {**c, "kernel": WGMMA if wgmma_e is None else MMA_SYNC, "fallback": mma_e is None,
+            "tile_dim": round64(c["head_dim"]), "tile_dim_v": round64(c["head_dim_v"])}
+
+
+# ---- backward ---------------------------------------------------------------------------------
+
+def bwd_wgmma_error(c: dict) -> str | None:
+    """Why the backward WGMMA kernel (BwdWgTraits, bwd/traits.cuh) cannot serve config c, or None:
+    64 x 128 tiles at tile head dims 64 / 128 (or 128 x 128 at 64), 64 x 64 tiles with one stage at
+    256 (the 227 KiB hold no second)."""
+    tile, bm, bn, st = bwd_tile_dim(c["head_dim"], c["head_dim_v"]), c["block_m"], c["block_n"], c["stages"]
+    if tile == 256:
+        return None if (bm, bn, st) == (64, 64, 1) else f"at tile head dim 256 it takes 64 x 64 tiles and one stage"
+    if bn != 128 or not (bm == 64 or (bm == 128 and tile == 64)):
+        return f"at tile head dim {tile} it takes 64 x 128 tiles (or 128 x 128 at 64)"
+    return None if 2 <= st <= 16 else f"stages must be in [2, 16], got {st}"
+
+
+def bwd_mma_sync_error(c: dict) -> str | None:
+    """Why the backward mma.sync kernels (BwdTraits in flash_bwd_mma_sync.cuh) cannot serve c, or None."""
+    hd, hdv, bn = c["head_dim"], c["head_dim_v"], c["block_n"]
+    if hd != hdv:
+        return f"head_dim_v {hdv} != head_dim {hd}: the mma.sync kernels take one head dim"
+    if hd % 64:
+        return "their XOR swizzle of 16-byte chunks needs head_dim % 64 == 0"
+    if bn not in (64, 128):
+        return f"block_n must be 64 or 128, got {bn}"
+    bm = MMA_SYNC_BLOCK_M_BWD
+    ints = 4 * (4 * bn + 256 + 32)
+    col = 2 * (2 * bn * hd + 4 * bm * hd + 2 * bm * bn) + ints
+    row = 2 * (2 * bm * hd + 4 * bn * hd + bm * bn) + ints
+    if max(col, row) > SMEM_LIMIT:
+        return f"the mma.sync kernels need {max(col, row)} bytes of shared memory, more than {SMEM_LIMIT}"
+    return None
+
+
+def serve_bwd(c: dict) -> dict:
+    """c with ``kernel``, ``fallback`` and ``tile_dim`` (the WGMMA kernel's padded head dim); a
+    config only the mma.sync kernels serve must have block_m 64 (their warp layouts)."""
+    where = f"sm90_bwd head_dim {c['head_dim']}" + (f"/{c['head_dim_v']}" if c["head_dim_v"] != c["head_dim"] else "")
+    if (e := head_dims_error(where, c["head_dim"], c["head_dim_v"])) is not None:
+        raise ConfigError(e)
+    if not 1 <= c["stages"] <= 16:
+        raise ConfigError(f"{where}: stages must be in [1, 16], got {c['stages']}")
+    wgmma_e, mma_e = bwd_wgmma_error(c), bwd_mma_sync_error(c)
+    if wgmma_e is not None and mma_e is None and c["block_m"] != MMA_SYNC_BLOCK_M_BWD:
+        mma_e = f"block_m must be {MMA_SYNC_BLOCK_M_BWD} (their warp layouts), got {c['block_m']}"
+    if wgmma_e is not None and mma_e is not None:
+        raise ConfigError(f"{where}: no kernel serves it: the WGMMA kernel: {wgmma_e}; the mma.sync kernels: {mma_e}")
+    return {**c, "kernel": WGMMA if wgmma_e is None else MMA_SYNC, "fallback": mma_e is None,
+            "tile_dim": bwd_tile_dim(c["head_dim"], c["head_dim_v"])}
