@@ -2,7 +2,8 @@
 """Side-by-side forward benchmark on the GPU machine (no Paddle needed).
 
 For each mask family of paddle_fm3.masks.FAMILIES, sequence length S and head dim D (bf16, 128K
-tokens in total: batch = 128K / S; hidden 4096: heads = 4096 / D), times in one run
+tokens in total: batch = 128K / S; hidden 4096: heads = 4096 / D; `--head-dims 192x128` gives q and k
+head dim 192 and v 128, MLA's), times in one run
   - this package's Hopper kernel (paddle_fm3.kernels.flashmask_fwd, block summary included),
   - torch.compile'd FlexAttention with a mask_mod reading the same four column vectors, on each of
     --flex-backends: "flash" (kernel_options={"BACKEND": "FLASH"}, the FlashAttention-4 CuTe DSL
@@ -12,12 +13,15 @@ tokens in total: batch = 128K / S; hidden 4096: heads = 4096 / D), times in one 
 and the block-summary kernel alone (summary_pct: its GPU time from torch.profiler, in percent of
 fm3's forward time). TFLOP/s count only visible pairs: 4 * B * H * D * pairs / t.
 Each row carries family, head_dim, seqlen, batch, heads and the TFLOP/s of fm3, flex_flash,
-flex_triton and cudnn (null where a backend cannot run, with the reason under <backend>_error).
+flex_triton and cudnn (null where a backend cannot run, with the reason under <backend>_error);
+head_dim_v where it differs from head_dim. TFLOP/s with a value head dim D_v: 2 * B * H * (D + D_v) *
+pairs / t.
 
     python3 scripts/bench_attention.py --seqlens 32768 --head-dims 128 --out $OUT/bench.json
 
 --bwd times the backward instead (paddle_fm3.kernels.flashmask_bwd, default and deterministic dQ;
-FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are 2.5x the forward's:
+FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are 2.5x the forward's
+(2 * B * H * (3 D + 2 D_v) * pairs: S, dP, dV, dK, dQ):
 
     python3 scripts/bench_attention.py --bwd --total-tokens 32768 --seqlens 32768 --head-dims 128
 
@@ -240,7 +244,8 @@ def main():
     ap = argparse.ArgumentParser(description="Hopper attention benchmark vs FlexAttention and cuDNN SDPA "
                                  "(needs torch with CUDA and a Hopper GPU; see the module doc).")
     ap.add_argument("--seqlens", default="32768", help="comma-separated sequence lengths S")
-    ap.add_argument("--head-dims", default="128", help="comma-separated head dims D (heads = 4096 / D)")
+    ap.add_argument("--head-dims", default="128",
+                    help="comma-separated head dims D (heads = 4096 / D), or DxDV for a value head dim DV")
     ap.add_argument("--families", default=",".join(masks.FAMILIES), help="comma-separated mask families")
     ap.add_argument("--flex-backends", default="flash,triton",
                     help="comma-separated FlexAttention backends to time (flash, triton), or none")
@@ -299,10 +304,16 @@ def compiled_flex(backends):
 
 
 def problems(args):
-    """(d, s, b, h) for every head dim and sequence length asked for."""
-    for d in [int(x) for x in args.head_dims.split(",")]:
+    """(d, dv, s, b, h) for every head dim (D or DxDV) and sequence length asked for."""
+    for spec in args.head_dims.split(","):
+        d, dv = (int(x) for x in spec.split("x")) if "x" in spec else (int(spec), int(spec))
         for s in [int(x) for x in args.seqlens.split(",")]:
-            yield d, s, max(1, args.total_tokens // s), HIDDEN // d
+            yield d, dv, s, max(1, args.total_tokens // s), HIDDEN // d
+
+
+def dims_row(d, dv):
+    """The head-dim fields of a row: head_dim, and head_dim_v where it differs."""
+    return {"head_dim": d, **({"head_dim_v": dv} if dv != d else {})}
 
 
 def family_mask(fam, s, b):
@@ -325,9 +336,10 @@ def print_table(rows, extra=()):
     print("\n| D | S | family | density | " + " | ".join(cols) + " | fm3/flex_flash | fm3/flex_triton | fm3/cudnn |")
     print("|---|---|---|---|" + "---|" * (len(cols) + 3))
     for r in rows:
+        dims = f"{r['head_dim']}" + (f"/{r['head_dim_v']}" if "head_dim_v" in r else "")
         f = lambda key: "-" if r.get(key) is None else f"{r[key]:.0f}"  # noqa: E731
         ratio = lambda key: "-" if not r.get(key) else f"{r['fm3'] / r[key]:.2f}"  # noqa: E731
-        print(f"| {r['head_dim']} | {r['seqlen']} | {r['family']} | {r['density']:.3f} | "
+        print(f"| {dims} | {r['seqlen']} | {r['family']} | {r['density']:.3f} | "
               + " | ".join(f(c) for c in cols) + f" | {ratio('flex_flash')} | {ratio('flex_triton')} | {ratio('cudnn')} |")
 
 
@@ -336,17 +348,19 @@ def main_fwd(args):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     flex = compiled_flex(args.flex_backends)
     rows = []
-    for d, s, b, h in problems(args):
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        out = torch.empty_like(q)
+    for d, dv, s, b, h in problems(args):
+        q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(v)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, S, D] views
         flex_mask = FlexMask(b, s)
         for fam in args.families.split(","):
             sri_np, causal, pairs = family_mask(fam, s, b)
-            flops = 4.0 * h * d * pairs
+            flops = 2.0 * h * (d + dv) * pairs
             sri = torch.from_numpy(sri_np).cuda()
-            row = {"family": fam, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "density": pairs / (b * s * s)}
+            row = {"family": fam, **dims_row(d, dv), "seqlen": s, "batch": b, "heads": h,
+                   "density": pairs / (b * s * s)}
             if flex:
                 flex_mask.set_family(sri_np, causal)
                 bmask = flex_mask.block_mask()
@@ -362,7 +376,7 @@ def main_fwd(args):
                    if fb in flex else None for fb in ("flash", "triton")},
                 "cudnn": cudnn if fam in ("full", "causal") else None,
             }, args.rounds)
-            bn = kernels.block_n(d)
+            bn = kernels.block_n(d, dv)
             summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
             ts = kernel_seconds(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn),
                                 "block_summary_kernel")
@@ -380,10 +394,11 @@ def main_bwd(args):
     flex = compiled_flex(args.flex_backends)
     rep = args.rep
     rows = []
-    for d, s, b, h in problems(args):
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        do = torch.randn_like(q)
-        out = torch.empty_like(q)
+    for d, dv, s, b, h in problems(args):
+        q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
+        do = torch.randn_like(v)
+        out = torch.empty_like(v)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
@@ -391,9 +406,10 @@ def main_bwd(args):
         flex_mask = FlexMask(b, s)
         for fam in args.families.split(","):
             sri_np, causal, pairs = family_mask(fam, s, b)
-            bwd_flops = 2.5 * 4.0 * h * d * pairs
+            bwd_flops = 2.0 * h * (3 * d + 2 * dv) * pairs
             sri = torch.from_numpy(sri_np).cuda()
-            row = {"family": fam, "head_dim": d, "seqlen": s, "batch": b, "heads": h, "density": pairs / (b * s * s)}
+            row = {"family": fam, **dims_row(d, dv), "seqlen": s, "batch": b, "heads": h,
+                   "density": pairs / (b * s * s)}
 
             def fm3_bwd(det=False):
                 kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal, deterministic=det)

@@ -183,29 +183,33 @@ struct AttnCall {
 // Checks every argument of one call (TypeError / ValueError naming it) and fills c.p.
 // grads: the backward's {dout, dq, dk, dv} (empty for the forward), each checked like its
 // counterpart {out, q, k, v} and required to share its strides (the C ABI has one set).
-// has_kernel / kind: whether the head dim has a kernel of this kind ("" or "backward ").
+// block_n_of / kind: whether the head dims (q/k, v) have a kernel of this kind ("" or "backward ").
 void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
              py::object sri_, py::object block_mask_, bool causal, double softmax_scale, void* stream,
-             const std::vector<const View*>& grads, int (*block_n_of)(int), const char* kind) {
+             const std::vector<const View*>& grads, int (*block_n_of)(int, int), const char* kind) {
   c.q = view("q", q_), c.k = view("k", k_), c.v = view("v", v_), c.out = view("out", out_), c.lse = view("lse", lse_);
   const View &q = c.q, &k = c.k, &v = c.v, &out = c.out, &lse = c.lse;
   const char* qlay = "[batch, seqlen_q, num_heads, head_dim]";
   const char* klay = "[batch, seqlen_k, num_heads_k, head_dim]";
+  const char* vlay = "[batch, seqlen_k, num_heads_k, head_dim_v]";
+  const char* olay = "[batch, seqlen_q, num_heads, head_dim_v]";
   expect_ndim(q, 4, qlay);
   expect_ndim(k, 4, klay);
-  expect_ndim(v, 4, klay);
+  expect_ndim(v, 4, vlay);
   const int64_t B = q.shape[0], Sq = q.shape[1], H = q.shape[2], D = q.shape[3];
-  const int64_t Sk = k.shape[1], Hk = k.shape[2];
+  const int64_t Sk = k.shape[1], Hk = k.shape[2], Dv = v.shape[3];
   expect_shape(k, {B, Sk, Hk, D}, klay);
-  expect_shape(v, {B, Sk, Hk, D}, klay);
-  expect_shape(out, {B, Sq, H, D}, qlay);
+  expect_shape(v, {B, Sk, Hk, Dv}, vlay);
+  expect_shape(out, {B, Sq, H, Dv}, olay);
   const View* like[] = {&out, &q, &k, &v};  // grads[i] is shaped and strided like like[i]
+  const char* like_lay[] = {olay, qlay, klay, vlay};
   for (size_t i = 0; i < grads.size(); ++i)
-    expect_shape(*grads[i], like[i]->shape, i < 2 ? qlay : klay);
+    expect_shape(*grads[i], like[i]->shape, like_lay[i]);
   expect_shape(lse, {B, H, Sq}, "[batch, num_heads, seqlen_q]");
   // Before any arithmetic on them (H % Hk) and before they are narrowed to the C ABI's int.
   const std::pair<const char*, int64_t> dims[] = {{"batch", B}, {"seqlen_q", Sq}, {"num_heads", H},
-                                                  {"head_dim", D}, {"seqlen_k", Sk}, {"num_heads_k", Hk}};
+                                                  {"head_dim", D}, {"seqlen_k", Sk}, {"num_heads_k", Hk},
+                                                  {"head_dim_v", Dv}};
   for (const auto& [dim, n] : dims)
     if (n < 1 || n > INT32_MAX)
       throw py::value_error(std::string("q, k, v: ") + dim + " must be in [1, 2^31 - 1], got " + std::to_string(n));
@@ -225,8 +229,9 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
       throw py::value_error(grads[i]->name + " must have the same strides as " + like[i]->name);
   if (H % Hk != 0)
     throw py::value_error("num_heads (" + std::to_string(H) + ") must be a multiple of num_heads_k (" + std::to_string(Hk) + ")");
-  if (block_n_of(static_cast<int>(D)) == 0)
-    throw py::value_error("head_dim " + std::to_string(D) + " has no sm90 " + kind + "kernel (see yaml/kernel_configs.yaml)");
+  if (block_n_of(static_cast<int>(D), static_cast<int>(Dv)) == 0)
+    throw py::value_error("head_dim " + std::to_string(D) + " (q, k) with head_dim_v " + std::to_string(Dv) +
+                          " (v) has no sm90 " + kind + "kernel (see yaml/kernel_configs.yaml)");
   if (!(softmax_scale > 0 && softmax_scale <= FLT_MAX && static_cast<float>(softmax_scale) > 0))
     throw py::value_error("softmax_scale must be a finite float32 > 0, got " + std::to_string(softmax_scale));
   // What the kernels' 16-byte vector and TMA accesses need (the C ABI checks it too, as a RuntimeError).
@@ -249,6 +254,7 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
   p.o_batch_stride = out.strides[0]; p.o_row_stride = out.strides[1]; p.o_head_stride = out.strides[2];
   p.batch = static_cast<int>(B); p.seqlen_q = static_cast<int>(Sq); p.seqlen_k = static_cast<int>(Sk);
   p.num_heads = static_cast<int>(H); p.num_heads_k = static_cast<int>(Hk); p.head_dim = static_cast<int>(D);
+  p.head_dim_v = static_cast<int>(Dv);
   p.softmax_scale = static_cast<float>(softmax_scale);
   p.causal = causal ? 1 : 0;
   p.dtype = dt;
@@ -420,7 +426,7 @@ PYBIND11_MODULE(_fm3_dlpack, m) {
         py::arg("lse"), py::arg("block_mask"), py::arg("causal"), py::arg("softmax_scale"), py::arg("stream"));
   m.def("block_summary", &block_summary, py::arg("startend_row_indices"), py::arg("out"), py::arg("causal"),
         py::arg("seqlen_q"), py::arg("block_n"), py::arg("stream"));
-  m.def("block_n", &fm3_cuda_block_n, py::arg("head_dim"));
+  m.def("block_n", &fm3_cuda_block_n, py::arg("head_dim"), py::arg("head_dim_v"));
   m.def("bwd", &bwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("dout"),
         py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("block_mask"),
         py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"), py::arg("stream"),
@@ -430,7 +436,7 @@ PYBIND11_MODULE(_fm3_dlpack, m) {
         py::arg("block_mask"), py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"),
         py::arg("stream"));
   m.def("release_workspace", &release_workspace);
-  m.def("bwd_block_n", &fm3_cuda_bwd_block_n, py::arg("head_dim"));
+  m.def("bwd_block_n", &fm3_cuda_bwd_block_n, py::arg("head_dim"), py::arg("head_dim_v"));
   m.def("segment_workload", &segment_workload, py::arg("startend_row_indices"), py::arg("segment_size"),
         py::arg("tile"), py::arg("causal"));
 }

@@ -15,6 +15,7 @@ struct AttnArgs {
   const int32_t* block_mask;  // [batch, mask_heads, bm_rows, bm_cols] or nullptr
   int64_t q_bs, q_rs, q_hs, k_bs, k_rs, k_hs, v_bs, v_rs, v_hs, o_bs, o_rs, o_hs;  // strides in elements
   int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, mask_heads, mask_cols;
+  int head_dim, head_dim_v;  // q / k and v / out columns (the kernels' tiles may be wider: kernel_rules.py)
   int bm_rows, bm_cols;
   float scale_log2;  // softmax_scale * log2(e)
   bool causal;

@@ -55,13 +55,13 @@ __device__ __forceinline__ int mask_head(const BwdArgs& a, int h) {
 }
 
 // ---------------------------------------------------------------------------
-// delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] (fp32) and
+// delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] (fp32, over the kHeadDimV columns of O) and
 // lse2[b, h, i] = lse * log2(e), +inf where lse = -inf (no visible key);
 // rows i in [seqlen_q, lse_stride) are padding: lse2 = +inf, delta = 0. Each row also clears its
-// head_dim floats of the dQ accumulator (the accumulator's w-th chunk, whatever its layout: the
+// kTileDim floats of the dQ accumulator (the accumulator's w-th chunk, whatever its layout: the
 // rows cover it whole), which spares a memset's pass over it.
 // kPrepLanesPerRow lanes per row (one 16-byte chunk of O and dO each at head dims 64 and 128), so
-// every lane loads: the largest power of two <= head_dim / 8, at most 32 (a row's lanes reduce with
+// every lane loads: the largest power of two <= kHeadDimV / 8, at most 32 (a row's lanes reduce with
 // xor shuffles inside their group). grid.x * 8 warps * (32 / kPrepLanesPerRow) rows >= batch *
 // num_heads * lse_stride.
 constexpr int prep_lanes_per_row(int chunks) {
@@ -72,20 +72,20 @@ constexpr int prep_lanes_per_row(int chunks) {
 template <int kHeadDim>
 constexpr int kPrepLanesPerRow = prep_lanes_per_row(kHeadDim / 8);
 
-template <typename T, int kHeadDim>
+template <typename T, int kTileDim, int kHeadDimV>
 __global__ void __launch_bounds__(256)
     bwd_preprocess_kernel(const T* __restrict__ out, const T* __restrict__ dout, const float* __restrict__ lse,
                           float* __restrict__ delta, float* __restrict__ lse2, float* __restrict__ dq_accum,
                           int64_t o_bs, int64_t o_rs, int64_t o_hs, int num_heads, int seqlen_q, int lse_stride,
                           int64_t n_rows) {
-  constexpr int kChunks = kHeadDim / 8, kLanes = kPrepLanesPerRow<kHeadDim>, kRowsPerWarp = 32 / kLanes;
+  constexpr int kChunks = kHeadDimV / 8, kLanes = kPrepLanesPerRow<kHeadDimV>, kRowsPerWarp = 32 / kLanes;
   const int lane = threadIdx.x % 32, sub = lane % kLanes;
   const int64_t w = (static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32) * kRowsPerWarp + lane / kLanes;
   const bool in_range = w < n_rows;  // no early return: the row's lanes reduce with full-warp shuffles
   if (in_range) {
-    float4* acc = reinterpret_cast<float4*>(dq_accum + w * kHeadDim);
+    float4* acc = reinterpret_cast<float4*>(dq_accum + w * kTileDim);
 #pragma unroll
-    for (int c = sub; c < kHeadDim / 4; c += kLanes) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int c = sub; c < kTileDim / 4; c += kLanes) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
   const int i = in_range ? static_cast<int>(w % lse_stride) : seqlen_q;
   const int64_t bh = w / lse_stride;
@@ -137,11 +137,12 @@ __global__ void __launch_bounds__(256)
   *reinterpret_cast<uint4*>(dq + b * q_bs + static_cast<int64_t>(i) * q_rs + h * q_hs + c * 8) = o;
 }
 
-// The same from the tile-blocked accumulator (dq_tile_offset; the WGMMA kernel's), acc_rows a
-// multiple of 64. Each thread converts 8 columns of rows ql and ql + 8 of a 64-row tile, which the
-// tile order keeps side by side (a float4 holds 2 columns of both rows): four 16-byte loads of one
-// contiguous 64 bytes. n_threads = batch * num_heads * acc_rows / 2 * (head_dim / 8).
-template <typename T, int kHeadDim>
+// The same from the tile-blocked accumulator (dq_tile_offset; the WGMMA kernel's, rows of kTileDim
+// floats of which the first kHeadDim are dQ's columns), acc_rows a multiple of 64. Each thread
+// converts 8 columns of rows ql and ql + 8 of a 64-row tile, which the tile order keeps side by side
+// (a float4 holds 2 columns of both rows): four 16-byte loads of one contiguous 64 bytes.
+// n_threads = batch * num_heads * acc_rows / 2 * (kHeadDim / 8).
+template <typename T, int kTileDim, int kHeadDim>
 __global__ void __launch_bounds__(256)
     bwd_convert_dq_tiled_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t q_bs, int64_t q_rs,
                                 int64_t q_hs, int num_heads, int seqlen_q, int acc_rows, float scale,
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(256)
   const int tile = p / 32, ql = (p % 32) / 8 * 16 + p % 8;  // rows ql and ql + 8 of the tile
   const int i = tile * 64 + ql;
   if (i >= seqlen_q) return;
-  const float* src = acc + (bh * acc_rows + tile * 64) * kHeadDim + dq_tile_offset(ql, c * 8);
+  const float* src = acc + (bh * acc_rows + tile * 64) * kTileDim + dq_tile_offset(ql, c * 8);
   float4 v[4];
 #pragma unroll
   for (int t = 0; t < 4; ++t) v[t] = *reinterpret_cast<const float4*>(src + 4 * t);  // columns 2t, 2t + 1

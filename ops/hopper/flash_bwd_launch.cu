@@ -22,9 +22,20 @@
 namespace fm3::hopper::bwd {
 namespace {
 
-int bwd_block_n(int head_dim) {
-#define FM3_X(hd, bm, bn, st, wgmma) \
-  if (head_dim == hd) return bn;
+int bwd_block_n(int head_dim, int head_dim_v) {
+#define FM3_X(hd, hdv, tile, bm, bn, st, wgmma, fallback) \
+  if (head_dim == hd && head_dim_v == hdv) return bn;
+  FM3_SM90_BWD_CONFIGS(FM3_X)
+#undef FM3_X
+  return 0;
+}
+
+// The head dim of the kernels' tiles and of the dQ accumulator's rows: the WGMMA kernel's padded one
+// (kernel_rules.py), which the mma.sync kernels share where they serve the config (equal head dims,
+// multiples of 64: no padding).
+int bwd_tile_dim(int head_dim, int head_dim_v) {
+#define FM3_X(hd, hdv, tile, bm, bn, st, wgmma, fallback) \
+  if (head_dim == hd && head_dim_v == hdv) return wgmma ? tile : hd;
   FM3_SM90_BWD_CONFIGS(FM3_X)
 #undef FM3_X
   return 0;
@@ -34,21 +45,33 @@ int bwd_block_n(int head_dim) {
 // WGMMA kernel (flash_bwd_mma_sync.cuh, BwdTraits).
 constexpr int kMmaSyncBlockM = 64;
 
-// dq = softmax_scale * dq_accum (row-major, or tile-blocked when `tiled`), or the row-parallel
-// deterministic dQ pass.
+// dq = softmax_scale * dq_accum (rows of TD floats, the first D of them dQ's columns) from the
+// tile-blocked accumulator of the WGMMA kernel.
+template <typename T, int TD, int D>
+int launch_dq_tiled(const BwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
+  const int64_t n = static_cast<int64_t>(args.batch) * args.num_heads * (args.lse_stride / 2) * (D / 8);
+  bwd_convert_dq_tiled_kernel<T, TD, D><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      args.dq_accum, static_cast<T*>(args.dq), args.q_bs, args.q_rs, args.q_hs, args.num_heads, args.seqlen_q,
+      args.lse_stride, args.scale, n);
+  FM3_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
+// The mma.sync column-parallel kernel, then dq = softmax_scale * dq_accum from its row-major
+// accumulator, or the row-parallel deterministic dQ pass.
 template <typename T, int D, int BM, int BN>
-int launch_dq(const BwdArgs& args, bool deterministic, bool tiled, cudaStream_t stream, char* err, size_t err_len) {
+int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
   using Tr = BwdTraits<T, D, BM, BN>;
+  const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
+  auto col = deterministic ? flash_bwd_kernel<T, D, BM, BN, false> : flash_bwd_kernel<T, D, BM, BN, true>;
+  FM3_CUDA_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
+  col<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kColSmem, stream>>>(args);
+  FM3_CUDA_CHECK(cudaGetLastError());
   if (deterministic) {
     const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
     auto row = flash_bwd_dq_kernel<T, D, BM, BN>;
     FM3_CUDA_CHECK(cudaFuncSetAttribute(row, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kRowSmem)));
     row<<<dim3(n_mtiles, args.num_heads, args.batch), Tr::kThreads, Tr::kRowSmem, stream>>>(args);
-  } else if (tiled) {
-    const int64_t n = static_cast<int64_t>(args.batch) * args.num_heads * (args.lse_stride / 2) * (D / 8);
-    bwd_convert_dq_tiled_kernel<T, D><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-        args.dq_accum, static_cast<T*>(args.dq), args.q_bs, args.q_rs, args.q_hs, args.num_heads, args.seqlen_q,
-        args.lse_stride, args.scale, n);
   } else {
     const int64_t n = static_cast<int64_t>(args.batch) * args.num_heads * args.seqlen_q * (D / 8);
     bwd_convert_dq_kernel<T, D><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
@@ -59,17 +82,7 @@ int launch_dq(const BwdArgs& args, bool deterministic, bool tiled, cudaStream_t 
   return 0;
 }
 
-// The mma.sync column-parallel kernel (built for every config).
-template <typename T, int D, int BM, int BN>
-int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
-  using Tr = BwdTraits<T, D, BM, BN>;
-  const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
-  auto col = deterministic ? flash_bwd_kernel<T, D, BM, BN, false> : flash_bwd_kernel<T, D, BM, BN, true>;
-  FM3_CUDA_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
-  col<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kColSmem, stream>>>(args);
-  FM3_CUDA_CHECK(cudaGetLastError());
-  return launch_dq<T, D, BM, BN>(args, deterministic, false, stream, err, err_len);
-}
+
 
 // The warp-specialized TMA + WGMMA kernel, for the configs the generator marks wgmma
 // (scripts/gen_ops.py, bwd_kernel) unless FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernel
@@ -81,19 +94,20 @@ bool env_is(const char* name, const char* value) {  // read per call, so a test 
   return e != nullptr && std::strcmp(e, value) == 0;
 }
 
-template <typename T, int D, int BM, int BN, int ST>
-int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStream_t stream, char* err,
-                 size_t err_len) {
+// TD: the tile head dim (kernel_rules.py; q, k, v, dO are read at their real head dims, zeros past
+// them), D: q's head dim (dQ's columns).
+template <typename T, int TD, int D, int BM, int BN, int ST>
+int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
   if (env_is("FM3_BWD_KERNEL", "mma_sync")) return -1;
   CUtensorMap mq, mk, mv, mdo;
-  if (!make_qkv_maps<T>(args, head_dim, BM, BN, &mq, &mk, &mv) ||
-      !make_tma_map<T>(&mdo, args.dout, head_dim, args.seqlen_q, args.num_heads, args.batch, args.o_rs, args.o_hs,
-                       args.o_bs, BM))
+  if (!make_qkv_maps<T>(args, BM, BN, &mq, &mk, &mv) ||
+      !make_tma_map<T>(&mdo, args.dout, args.head_dim_v, args.seqlen_q, args.num_heads, args.batch, args.o_rs,
+                       args.o_hs, args.o_bs, BM))
     return -1;
-  using Tr = sm90::BwdWgTraits<T, D, BM, BN, ST>;
+  using Tr = sm90::BwdWgTraits<T, TD, BM, BN, ST>;
   // Deterministic mode too writes dQ from this kernel, the parts of a tile added in key-block order
   // (args.dq_semaphore, set by fm3_cuda_bwd).
-  auto kernel = sm90::flash_bwd_wgmma_kernel<T, D, BM, BN, ST>;
+  auto kernel = sm90::flash_bwd_wgmma_kernel<T, TD, BM, BN, ST>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   using Sched = sm90::BwdTileScheduler<BM, BN>;
@@ -105,36 +119,53 @@ int launch_wgmma(const BwdArgs& args, int head_dim, bool deterministic, cudaStre
   }
   kernel<<<Sched::grid(args), Tr::kThreads, Tr::kSmemBytes, stream>>>(args, mq, mk, mv, mdo);
   FM3_CUDA_CHECK(cudaGetLastError());
-  return launch_dq<T, D, kMmaSyncBlockM, BN>(args, /*deterministic=*/false, true, stream, err, err_len);
+  return launch_dq_tiled<T, TD, D>(args, stream, err, err_len);
+}
+
+// The mma.sync kernels where the config has them (fallback); else the reason the WGMMA kernel did not run.
+template <typename T, int D, int BN, bool kFallback>
+int launch_fallback(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
+  if constexpr (kFallback) {
+    return launch<T, D, kMmaSyncBlockM, BN>(args, deterministic, stream, err, err_len);
+  } else {
+    return fail(err, err_len,
+                "head_dim %d / head_dim_v %d runs on the WGMMA backward only (the mma.sync kernels serve equal head "
+                "dims that are multiples of 64), and it did not run: %s",
+                args.head_dim, args.head_dim_v,
+                env_is("FM3_BWD_KERNEL", "mma_sync") ? "FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernels"
+                                                     : "TMA cannot describe the layout of q, k, v or dout");
+  }
 }
 
 template <typename T>
-int dispatch(const BwdArgs& args, int head_dim, bool deterministic, const void* out, const float* lse,
-             cudaStream_t stream, char* err, size_t err_len) {
-#define FM3_X(hd, bm, bn, st, wgmma)                                                                             \
-  if (head_dim == hd) {                                                                                         \
+int dispatch(const BwdArgs& args, bool deterministic, const void* out, const float* lse, cudaStream_t stream,
+             char* err, size_t err_len) {
+#define FM3_X(hd, hdv, tile, bm, bn, st, wgmma, fallback)                                                       \
+  if (args.head_dim == hd && args.head_dim_v == hdv) {                                                          \
+    constexpr int kTile = wgmma ? tile : hd; /* bwd_tile_dim */                                                \
     const int64_t rows = static_cast<int64_t>(args.batch) * args.num_heads * args.lse_stride;                   \
-    constexpr int64_t kRowsPerBlock = 8 * (32 / kPrepLanesPerRow<hd>);                                         \
-    bwd_preprocess_kernel<T, hd><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0,    \
-                                   stream>>>(                                                                   \
+    constexpr int64_t kRowsPerBlock = 8 * (32 / kPrepLanesPerRow<hdv>);                                        \
+    bwd_preprocess_kernel<T, kTile, hdv><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),  \
+                                           256, 0, stream>>>(                                                   \
         static_cast<const T*>(out), static_cast<const T*>(args.dout), lse, const_cast<float*>(args.delta),     \
         const_cast<float*>(args.lse2), args.dq_accum, args.o_bs, args.o_rs, args.o_hs, args.num_heads,          \
         args.seqlen_q, args.lse_stride, rows);                                                                  \
     FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
     if constexpr (wgmma) {                                                                                      \
-      const int rc = launch_wgmma<T, hd, bm, bn, st>(args, head_dim, deterministic, stream, err, err_len);      \
+      const int rc = launch_wgmma<T, kTile, hd, bm, bn, st>(args, stream, err, err_len);                \
       if (rc >= 0) return rc;                                                                                   \
     }                                                                                                           \
-    return launch<T, hd, kMmaSyncBlockM, bn>(args, deterministic, stream, err, err_len);                                    \
+    return launch_fallback<T, hd, bn, fallback>(args, deterministic, stream, err, err_len);                     \
   }
   FM3_SM90_BWD_CONFIGS(FM3_X)
 #undef FM3_X
-  return fail(err, err_len, "head_dim %d has no sm90_bwd config in yaml/kernel_configs.yaml", head_dim);
+  return fail(err, err_len, "head_dim %d with head_dim_v %d has no sm90_bwd config in yaml/kernel_configs.yaml",
+              args.head_dim, args.head_dim_v);
 }
 
 int check_params(const fm3_bwd_params* bp, char* err, size_t err_len) {
   if (bp == nullptr) return fail(err, err_len, "params is NULL");
-  const int rc = check_attn_params(&bp->fwd, bwd_block_n(bp->fwd.head_dim) != 0, err, err_len);
+  const int rc = check_attn_params(&bp->fwd, bwd_block_n(bp->fwd.head_dim, bp->fwd.head_dim_v) != 0, err, err_len);
   if (rc != 0) return rc;
   if (!bp->dout || !bp->dq || !bp->dk || !bp->dv)
     return fail(err, err_len, "dout, dq, dk and dv must be non-NULL device pointers");
@@ -152,7 +183,7 @@ size_t round_up(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
 using namespace fm3::hopper;
 using namespace fm3::hopper::bwd;
 
-extern "C" int fm3_cuda_bwd_block_n(int head_dim) { return bwd_block_n(head_dim); }
+extern "C" int fm3_cuda_bwd_block_n(int head_dim, int head_dim_v) { return bwd_block_n(head_dim, head_dim_v); }
 
 namespace fm3::hopper::bwd {
 namespace {
@@ -172,7 +203,7 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
   const fm3_fwd_params* p = &bp->fwd;
   const int lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * lse_stride;
-  const int block_n = bwd_block_n(p->head_dim);
+  const int block_n = bwd_block_n(p->head_dim, p->head_dim_v);
   const size_t n_kblocks = block_n > 0 ? (p->seqlen_k + block_n - 1) / block_n : 0;
   const bool det = bp->deterministic != 0;
   AttnArgs a{};
@@ -186,7 +217,7 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
     end += round_up(bytes);
     return at;
   };
-  part(rows * p->head_dim * sizeof(float));  // dq_accum
+  part(rows * bwd_tile_dim(p->head_dim, p->head_dim_v) * sizeof(float));  // dq_accum
   w.lse2 = part(rows * sizeof(float));
   w.delta = part(rows * sizeof(float));
   w.summary_bytes = p->startend_row_indices ? sizeof(fm3::BlockSummary) * mask_rows * n_kblocks : 0;
@@ -224,7 +255,7 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.lse_stride = w.lse_stride;
   a.scale = p->softmax_scale;
   const int mask_heads = a.mask_heads;
-  const int block_n = bwd_block_n(p->head_dim);
+  const int block_n = bwd_block_n(p->head_dim, p->head_dim_v);
 
   char* ws = static_cast<char*>(bp->workspace);
   if (ws == nullptr) FM3_CUDA_CHECK(workspace_alloc(reinterpret_cast<void**>(&ws), w.total, stream));
@@ -248,8 +279,8 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
     rc = fail(err, err_len, "backward set-up: %s", cudaGetErrorString(e));
   } else if (rc == 0) {
     rc = p->dtype == FM3_BFLOAT16
-             ? dispatch<__nv_bfloat16>(a, p->head_dim, deterministic, p->out, p->softmax_lse, stream, err, err_len)
-             : dispatch<__half>(a, p->head_dim, deterministic, p->out, p->softmax_lse, stream, err, err_len);
+             ? dispatch<__nv_bfloat16>(a, deterministic, p->out, p->softmax_lse, stream, err, err_len)
+             : dispatch<__half>(a, deterministic, p->out, p->softmax_lse, stream, err, err_len);
   }
   if (bp->workspace == nullptr) {
     e = workspace_free(ws, stream);

@@ -71,13 +71,13 @@ int persistent_grid(int num_tiles, char* err, size_t err_len, int* grid) {
 }
 
 // 0: launched; 1: error (message in err); -1: not applicable (use the fallback).
-template <typename T, int D, int BM, int BN, int ST, bool OV>
-int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, size_t err_len) {
+template <typename T, int D, int DV, int BM, int BN, int ST, bool OV>
+int launch_wgmma(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
   if (force_mma_sync()) return -1;
   CUtensorMap mq, mk, mv;
-  if (!make_qkv_maps<T>(args, head_dim, BM, BN, &mq, &mk, &mv)) return -1;
-  using Tr = sm90::WgTraits<T, D, BM, BN, ST, OV>;
-  auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, BM, BN, ST, OV>;
+  if (!make_qkv_maps<T>(args, BM, BN, &mq, &mk, &mv)) return -1;
+  using Tr = sm90::WgTraits<T, D, DV, BM, BN, ST, OV>;
+  auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, DV, BM, BN, ST, OV>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   FwdArgs a = args;
@@ -92,33 +92,49 @@ int launch_wgmma(const FwdArgs& args, int head_dim, cudaStream_t stream, char* e
   return 0;
 }
 
-int block_n_for(int head_dim) {
-#define FM3_X(hd, bm, bn, st, wg, ov, wgmma) \
-  if (head_dim == hd) return bn;
+int block_n_for(int head_dim, int head_dim_v) {
+#define FM3_X(hd, hdv, bm, bn, st, wg, ov, wgmma, fallback) \
+  if (head_dim == hd && head_dim_v == hdv) return bn;
   FM3_SM90_CONFIGS(FM3_X)
 #undef FM3_X
   return 0;
 }
 
+// The mma.sync kernel, where the config has it (fallback); else the reason the WGMMA kernel did not run.
+template <typename T, int D, int BM, int BN, bool kFallback>
+int launch_fallback(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
+  if constexpr (kFallback) {
+    return launch<T, D, (BM < fm3::kMmaSyncMaxBlockM ? BM : fm3::kMmaSyncMaxBlockM), BN>(args, stream, err, err_len);
+  } else {
+    return fail(err, err_len,
+                "head_dim %d / head_dim_v %d runs on the WGMMA kernel only (the mma.sync kernel serves equal head "
+                "dims that are multiples of 64), and it did not run: %s",
+                args.head_dim, args.head_dim_v,
+                force_mma_sync() ? "FM3_FWD_KERNEL=mma_sync asks for the mma.sync kernel"
+                                 : "TMA cannot describe the layout of q, k or v");
+  }
+}
+
 template <typename T>
-int dispatch(const FwdArgs& args, int head_dim, cudaStream_t stream, char* err, size_t err_len) {
-#define FM3_X(hd, bm, bn, st, wg, ov, wgmma)                                          \
-  if (head_dim == hd) {                                                               \
+int dispatch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
+#define FM3_X(hd, hdv, bm, bn, st, wg, ov, wgmma, fallback)                             \
+  if (args.head_dim == hd && args.head_dim_v == hdv) {                                  \
     static_assert(bm == 16 * 4 * wg, "block_m must be 64 rows per consumer warpgroup"); \
-    if constexpr (wgmma && !FM3_NO_WGMMA) {                                           \
-      const int rc = launch_wgmma<T, hd, bm, bn, st, ov>(args, head_dim, stream, err, err_len); \
-      if (rc >= 0) return rc;                                                         \
-    }                                                                                 \
-    return launch<T, hd, (bm < fm3::kMmaSyncMaxBlockM ? bm : fm3::kMmaSyncMaxBlockM), bn>(args, stream, err, err_len); \
+    if constexpr (wgmma && !FM3_NO_WGMMA) {                                             \
+      const int rc = launch_wgmma<T, hd, hdv, bm, bn, st, ov>(args, stream, err, err_len); \
+      if (rc >= 0) return rc;                                                           \
+    }                                                                                   \
+    return launch_fallback<T, hd, bm, bn, fallback>(args, stream, err, err_len);        \
   }
   FM3_SM90_CONFIGS(FM3_X)
 #undef FM3_X
-  return fail(err, err_len, "head_dim %d has no sm90 config in yaml/kernel_configs.yaml", head_dim);
+  return fail(err, err_len, "head_dim %d with head_dim_v %d has no sm90 config in yaml/kernel_configs.yaml",
+              args.head_dim, args.head_dim_v);
 }
 
 int check_params(const fm3_fwd_params* p, char* err, size_t err_len) {
   if (p == nullptr) return fail(err, err_len, "params is NULL");
-  return check_attn_params(p, block_n_for(p->head_dim) != 0, err, err_len);
+  return check_attn_params(p, block_n_for(p->head_dim, p->head_dim_v) != 0, err, err_len);
 }
 
 }  // namespace
@@ -126,7 +142,7 @@ int check_params(const fm3_fwd_params* p, char* err, size_t err_len) {
 
 using namespace fm3::hopper;
 
-extern "C" int fm3_cuda_block_n(int head_dim) { return block_n_for(head_dim); }
+extern "C" int fm3_cuda_block_n(int head_dim, int head_dim_v) { return block_n_for(head_dim, head_dim_v); }
 
 extern "C" int fm3_cuda_block_summary(const int32_t* sri, int batch, int mask_heads, int seqlen_q,
                                       int seqlen_k, int mask_cols, int causal, int block_n,
@@ -145,7 +161,7 @@ extern "C" int fm3_cuda_block_summary(const int32_t* sri, int batch, int mask_he
 extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) {
   if (check_params(p, err, err_len) != 0) return 1;
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-  const int block_n = block_n_for(p->head_dim);
+  const int block_n = block_n_for(p->head_dim, p->head_dim_v);
   const int n_blocks = (p->seqlen_k + block_n - 1) / block_n;
   FwdArgs a{};
   fill_attn_args(a, p);
@@ -169,8 +185,8 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
     }
     a.summary = summary;
   }
-  int rc = p->dtype == FM3_BFLOAT16 ? dispatch<__nv_bfloat16>(a, p->head_dim, stream, err, err_len)
-                                    : dispatch<__half>(a, p->head_dim, stream, err, err_len);
+  int rc = p->dtype == FM3_BFLOAT16 ? dispatch<__nv_bfloat16>(a, stream, err, err_len)
+                                    : dispatch<__half>(a, stream, err, err_len);
   cudaError_t e = workspace_free(ws, stream);
   if (rc == 0 && e != cudaSuccess) return fail(err, err_len, "workspace free: %s", cudaGetErrorString(e));
   return rc;

@@ -32,11 +32,11 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kOverlap>
-__global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>::kThreads, 1)
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
+__global__ void __launch_bounds__(WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>::kThreads, 1)
     flash_fwd_wgmma_kernel(const __grid_constant__ FwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
                            const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
-  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>;
+  using Tr = WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const FwdSmem<Tr> sm(smem_raw);
 
@@ -67,12 +67,12 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kBlockM, kBlockN, kStage
 
   if (wg == 0) {
     reg_dealloc<Tr::kProducerRegs>();
-    fwd_producer<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>(a, sm, sched, &tmap_q, &tmap_k, &tmap_v, tid, lane, n_blocks,
+    fwd_producer<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>(a, sm, sched, &tmap_q, &tmap_k, &tmap_v, tid, lane, n_blocks,
                                                          causal_offset);
     return;
   }
   reg_alloc<Tr::kConsumerRegs>();
-  fwd_consumer<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>(a, sm, sched, wg, warp, lane);
+  fwd_consumer<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>(a, sm, sched, wg, warp, lane);
 }
 
 }  // namespace fm3::hopper::sm90

@@ -15,7 +15,7 @@ extern "C" {
 
 /* Forward attention. q/k/v/out/softmax_lse/startend_row_indices/block_mask are
  * device pointers (startend_row_indices may be NULL: no mask beyond causal).
- * head_dim must be one of the sm90 configs of yaml/kernel_configs.yaml. */
+ * (head_dim, head_dim_v) must be one of the sm90 configs of yaml/kernel_configs.yaml. */
 int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len);
 
 /* Block summary alone (also run inside fm3_cuda_fwd): for every
@@ -27,8 +27,8 @@ int fm3_cuda_block_summary(const int32_t* startend_row_indices, int batch, int m
                            int seqlen_q, int seqlen_k, int mask_cols, int causal, int block_n,
                            int32_t* out, void* stream, char* err, size_t err_len);
 
-/* The key-block width the forward kernel uses for a head dim (0 if none). */
-int fm3_cuda_block_n(int head_dim);
+/* The key-block width the forward kernel uses for head dims (q/k head_dim, v head_dim_v; 0 if none). */
+int fm3_cuda_block_n(int head_dim, int head_dim_v);
 
 /* Backward attention (flash_bwd_launch.cu): p->fwd holds q, k, v, out,
  * softmax_lse (natural log, as fm3_cuda_fwd writes it) and the mask; dout, dq,
@@ -41,7 +41,7 @@ int fm3_cuda_block_n(int head_dim);
 int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
 
 /* The key-block width (columns per CTA) the backward kernel uses (0 if none). */
-int fm3_cuda_bwd_block_n(int head_dim);
+int fm3_cuda_bwd_block_n(int head_dim, int head_dim_v);
 
 /* Device workspace bytes fm3_cuda_bwd needs for p (reads p->fwd's sizes, whether it has
  * startend_row_indices, its mask_heads, and p->deterministic). */

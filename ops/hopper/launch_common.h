@@ -36,7 +36,7 @@ inline int fail(char* err, size_t len, const char* fmt, ...) {
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Checks of the forward inputs every entry makes (has_config: the head dim has a tile config).
+// Checks of the forward inputs every entry makes (has_config: the head-dim pair has a tile config).
 inline int check_attn_params(const fm3_fwd_params* p, bool has_config, char* err, size_t err_len) {
   if (p->dtype != FM3_FLOAT16 && p->dtype != FM3_BFLOAT16)
     return fail(err, err_len, "dtype must be float16 or bfloat16, got enum %d", static_cast<int>(p->dtype));
@@ -45,7 +45,8 @@ inline int check_attn_params(const fm3_fwd_params* p, bool has_config, char* err
   if (p->num_heads % p->num_heads_k != 0)
     return fail(err, err_len, "num_heads (%d) must be a multiple of num_heads_k (%d)", p->num_heads, p->num_heads_k);
   if (!has_config)
-    return fail(err, err_len, "head_dim %d has no sm90 config in yaml/kernel_configs.yaml", p->head_dim);
+    return fail(err, err_len, "head_dim %d with head_dim_v %d has no sm90 config in yaml/kernel_configs.yaml",
+                p->head_dim, p->head_dim_v);
   if (!p->q || !p->k || !p->v || !p->out || !p->softmax_lse)
     return fail(err, err_len, "q, k, v, out and softmax_lse must be non-NULL device pointers");
   if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->out))
@@ -75,6 +76,8 @@ inline void fill_attn_args(AttnArgs& a, const fm3_fwd_params* p) {
   a.k_bs = p->k_batch_stride; a.k_rs = p->k_row_stride; a.k_hs = p->k_head_stride;
   a.v_bs = p->v_batch_stride; a.v_rs = p->v_row_stride; a.v_hs = p->v_head_stride;
   a.o_bs = p->o_batch_stride; a.o_rs = p->o_row_stride; a.o_hs = p->o_head_stride;
+  a.head_dim = p->head_dim;
+  a.head_dim_v = p->head_dim_v;
   a.batch = p->batch;
   a.seqlen_q = p->seqlen_q;
   a.seqlen_k = p->seqlen_k;
@@ -88,13 +91,13 @@ inline void fill_attn_args(AttnArgs& a, const fm3_fwd_params* p) {
   a.causal = p->causal != 0;
 }
 
-// TMA maps of q (box rows block_m) and k, v (box rows block_n); false if TMA cannot describe one.
+// TMA maps of q (box rows block_m) and k, v (box rows block_n) at their real head dims (a kernel's
+// wider tiles read zeros past them); false if TMA cannot describe one.
 template <typename T>
-bool make_qkv_maps(const AttnArgs& a, int head_dim, int block_m, int block_n, CUtensorMap* mq, CUtensorMap* mk,
-                   CUtensorMap* mv) {
-  return make_tma_map<T>(mq, a.q, head_dim, a.seqlen_q, a.num_heads, a.batch, a.q_rs, a.q_hs, a.q_bs, block_m) &&
-         make_tma_map<T>(mk, a.k, head_dim, a.seqlen_k, a.num_heads_k, a.batch, a.k_rs, a.k_hs, a.k_bs, block_n) &&
-         make_tma_map<T>(mv, a.v, head_dim, a.seqlen_k, a.num_heads_k, a.batch, a.v_rs, a.v_hs, a.v_bs, block_n);
+bool make_qkv_maps(const AttnArgs& a, int block_m, int block_n, CUtensorMap* mq, CUtensorMap* mk, CUtensorMap* mv) {
+  return make_tma_map<T>(mq, a.q, a.head_dim, a.seqlen_q, a.num_heads, a.batch, a.q_rs, a.q_hs, a.q_bs, block_m) &&
+         make_tma_map<T>(mk, a.k, a.head_dim, a.seqlen_k, a.num_heads_k, a.batch, a.k_rs, a.k_hs, a.k_bs, block_n) &&
+         make_tma_map<T>(mv, a.v, a.head_dim_v, a.seqlen_k, a.num_heads_k, a.batch, a.v_rs, a.v_hs, a.v_bs, block_n);
 }
 
 }  // namespace fm3::hopper

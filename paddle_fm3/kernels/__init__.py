@@ -51,9 +51,11 @@ def available() -> bool:
         return False
 
 
-def block_n(head_dim: int) -> int:
-    """Key-block width (columns) the forward kernel uses for ``head_dim``; 0 if unsupported."""
-    return int(_ext().block_n(_head_dim(head_dim)))
+def block_n(head_dim: int, head_dim_v: Optional[int] = None) -> int:
+    """Key-block width (columns) the forward kernel uses for head dims ``head_dim`` (q, k) and
+    ``head_dim_v`` (v; default ``head_dim``); 0 if unsupported."""
+    d = _head_dim(head_dim)
+    return int(_ext().block_n(d, d if head_dim_v is None else _head_dim(head_dim_v)))
 
 
 def _head_dim(head_dim) -> int:
@@ -99,13 +101,14 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
 
     Args:
         q: ``[B, S_q, H, D]`` float16/bfloat16 CUDA tensor, unit stride in ``D``; other strides
-            multiples of 8 elements. ``D`` in the sm90 configs of ``yaml/kernel_configs.yaml``
-            (64, 128, 256).
-        k, v: ``[B, S_k, H_k, D]``, same dtype, ``H % H_k == 0`` (GQA/MQA).
+            multiples of 8 elements. ``(D, D_v)`` one of the sm90 configs of
+            ``yaml/kernel_configs.yaml`` (``_config.SM90_HEAD_DIMS``: 64, 80, 96, 128, 192, 256, and
+            the MLA pair D = 192, D_v = 128).
+        k: ``[B, S_k, H_k, D]``, same dtype, ``H % H_k == 0`` (GQA/MQA); v: ``[B, S_k, H_k, D_v]``.
         startend_row_indices: int32 ``[B, H_mask, S_k, C]`` (``H_mask in {1, H_k, H}``; C = 1|2
             if causal, 2|4 otherwise; see :mod:`paddle_fm3.masks`), or None (no mask beyond
             ``causal``, or the mask of ``window_size``).
-        out: ``[B, S_q, H, D]``, q's dtype, written.
+        out: ``[B, S_q, H, D_v]``, q's dtype, written.
         lse: float32 contiguous ``[B, H, S_q]``, written: natural-log log-sum-exp; ``-inf`` for a
             row with no visible key (its ``out`` row is 0).
         causal: causal flag (bottom-right aligned when ``S_q != S_k``).
@@ -125,9 +128,11 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
     _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, causal, softmax_scale, int(stream))
 
 
-def bwd_block_n(head_dim: int) -> int:
-    """Key-block width (columns per CTA) of the backward kernel for ``head_dim``; 0 if unsupported."""
-    return int(_ext().bwd_block_n(_head_dim(head_dim)))
+def bwd_block_n(head_dim: int, head_dim_v: Optional[int] = None) -> int:
+    """Key-block width (columns per CTA) of the backward kernel for head dims ``head_dim`` and
+    ``head_dim_v`` (default ``head_dim``); 0 if unsupported."""
+    d = _head_dim(head_dim)
+    return int(_ext().bwd_block_n(d, d if head_dim_v is None else _head_dim(head_dim_v)))
 
 
 def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,

@@ -4,25 +4,40 @@ import torch
 
 from paddle_fm3 import _config, kernels, masks, reference
 
-# Every head dim of yaml/kernel_configs.yaml (paddle_fm3/_config.py, written by scripts/gen_ops.py):
-# a head dim added there is tested here.
+# Every head-dim pair (q/k, v) of yaml/kernel_configs.yaml (paddle_fm3/_config.py, written by
+# scripts/gen_ops.py): a head dim added there is tested here. A test's `d` is a head dim (equal
+# for q, k, v) or such a pair.
 HEAD_DIMS = _config.SM90_HEAD_DIMS
-BWD_HEAD_DIMS = tuple(sorted(c["head_dim"] for c in _config.SM90_BWD_CONFIGS))
+BWD_HEAD_DIMS = tuple(sorted((c["head_dim"], c["head_dim_v"]) for c in _config.SM90_BWD_CONFIGS))
+# Pairs whose mma.sync kernels exist (FM3_FWD_KERNEL / FM3_BWD_KERNEL=mma_sync).
+FWD_FALLBACK_DIMS = tuple(sorted(c["head_dim"] for c in _config.SM90_CONFIGS if c["fallback"]))
+BWD_FALLBACK_DIMS = tuple(sorted(c["head_dim"] for c in _config.SM90_BWD_CONFIGS if c["fallback"]))
+
+
+def head_dims(d):
+    """(q/k head dim, v head dim) of a test's `d`."""
+    return (d, d) if isinstance(d, int) else tuple(d)
+
+
+def dims_id(d):
+    dq, dv = head_dims(d)
+    return f"d{dq}" if dq == dv else f"d{dq}v{dv}"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOL = {"bf16": 1e-2, "fp16": 2e-3}  # relative Frobenius error of out
 
 
 def make_qkv(b, sq, sk, h, hk, d, dtype, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
+    d, dv = head_dims(d)
     q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.float32, generator=g).to(dtype)
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.float32, generator=g).to(dtype)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+    v = torch.randn(b, sk, hk, dv, device="cuda", dtype=torch.float32, generator=g).to(dtype)
     return q, k, v
 
 
 def run_kernel(q, k, v, sri, causal, **kw):
     b, sq, h, d = q.shape
-    out = torch.full_like(q, float("nan"))  # poison: every element must be written
+    out = torch.full((b, sq, h, v.shape[3]), float("nan"), device="cuda", dtype=q.dtype)  # poison: all written
     lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
     kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal, **kw)
     torch.cuda.synchronize()
@@ -33,7 +48,7 @@ def torch_reference(q, k, v, vis, scale):
     """fp32 dense reference on the GPU; vis: bool [B, H, S_q, S_k] (numpy, possibly broadcast)."""
     b, sq, h, d = q.shape
     hk = k.shape[2]
-    out = torch.zeros(b, sq, h, d, device="cuda", dtype=torch.float32)
+    out = torch.zeros(b, sq, h, v.shape[3], device="cuda", dtype=torch.float32)
     lse = torch.full((b, h, sq), float("-inf"), device="cuda", dtype=torch.float32)
     for bi in range(b):
         for hi in range(h):

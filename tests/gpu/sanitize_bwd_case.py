@@ -5,15 +5,15 @@ import torch
 
 from paddle_fm3 import _config, kernels, masks
 
-for d in _config.SM90_HEAD_DIMS:  # every head dim of yaml/kernel_configs.yaml
+for d, dv in _config.SM90_HEAD_DIMS:  # every head-dim pair of yaml/kernel_configs.yaml
     sq, sk = 200, 333
     fm = masks.FAMILIES["global_sliding_window"](sk, np.random.default_rng(0))
     sri = torch.from_numpy(np.ascontiguousarray(np.minimum(fm.startend_row_indices, sq), dtype=np.int32)).cuda()
     q = torch.randn(1, sq, 2, d, device="cuda").to(torch.bfloat16)
     k = torch.randn(1, sk, 1, d, device="cuda").to(torch.bfloat16)
-    v = torch.randn(1, sk, 1, d, device="cuda").to(torch.bfloat16)
-    out = torch.randn_like(q)
-    do = torch.randn_like(q)
+    v = torch.randn(1, sk, 1, dv, device="cuda").to(torch.bfloat16)
+    out = torch.randn(1, sq, 2, dv, device="cuda").to(torch.bfloat16)
+    do = torch.randn_like(out)
     lse = torch.randn(1, 2, sq, device="cuda") + 5.0
     for det in (False, True):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -9,20 +9,21 @@ import torch
 from paddle_fm3 import _config, kernels, masks
 
 
-def run(s, family, d):
+def run(s, family, dims):
+    d, dv = dims
     fm = masks.FAMILIES[family](s, np.random.default_rng(0))
     sri = torch.from_numpy(np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)).cuda()
     q = torch.randn(1, s, 2, d, device="cuda").to(torch.bfloat16)
     k = torch.randn(1, s, 1, d, device="cuda").to(torch.bfloat16)
-    v = torch.randn(1, s, 1, d, device="cuda").to(torch.bfloat16)
-    out = torch.empty_like(q)
+    v = torch.randn(1, s, 1, dv, device="cuda").to(torch.bfloat16)
+    out = torch.empty(1, s, 2, dv, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(1, 2, s, device="cuda")
     kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=fm.causal)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any()
 
 
-for d in _config.SM90_HEAD_DIMS:  # every head dim of yaml/kernel_configs.yaml
+for d in _config.SM90_HEAD_DIMS:  # every head-dim pair of yaml/kernel_configs.yaml
     run(200, "global_sliding_window", d)
 os.environ["FM3_FWD_GRID"] = "2"  # read per call by the launcher
 for d in _config.SM90_HEAD_DIMS:

@@ -20,7 +20,8 @@ import pytest
 from paddle_fm3 import kernels, masks, reference
 
 torch = pytest.importorskip("torch")
-from fm3_gpu_util import BWD_HEAD_DIMS as HEAD_DIMS, DTYPES, make_qkv, raw_paddle_values  # noqa: E402
+from fm3_gpu_util import (BWD_FALLBACK_DIMS, BWD_HEAD_DIMS as HEAD_DIMS, DTYPES, dims_id, head_dims, make_qkv,  # noqa: E402
+                          raw_paddle_values)
 
 FAMILIES = sorted(masks.FAMILIES)
 BWD_TOL = {"bf16": 1e-2, "fp16": 2e-3}
@@ -79,7 +80,7 @@ def check_bwd(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_
     ro, rl = reference.attention_forward(qn, kn, vn, ref_sri, causal=causal, softmax_scale=softmax_scale,
                                          block_mask=block_mask)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
-    do = torch.randn(q.shape, device="cuda", dtype=torch.float32, generator=g).to(q.dtype)
+    do = torch.randn(ro.shape, device="cuda", dtype=torch.float32, generator=g).to(q.dtype)
     # numpy einsum may return strided arrays; the C ABI wants dout to share out's strides
     out = torch.from_numpy(np.ascontiguousarray(ro)).cuda().to(q.dtype)
     lse = torch.from_numpy(np.ascontiguousarray(rl)).cuda().float()
@@ -102,7 +103,7 @@ def check_bwd(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_
 
 # All 12 families x head dims x dtypes, odd length 129, GQA (4 query heads on 2 kv heads), batch 2.
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_families(family, d, dtype):
     seed = zlib.crc32(repr(("bwd", family, d, dtype)).encode())
@@ -122,9 +123,10 @@ def test_lengths(family, s, d, dtype):
     check_bwd(q, k, v, sri, causal, dtype, seed=seed)
 
 
-def test_long_d256():
+@pytest.mark.parametrize("d", [256, 96, (192, 128)], ids=dims_id)
+def test_long(d):
     sri, causal = family_mask("causal_document", 777, 5)
-    q, k, v = make_qkv(1, 777, 777, 2, 1, 256, DTYPES["bf16"], 6)
+    q, k, v = make_qkv(1, 777, 777, 2, 1, d, DTYPES["bf16"], 6)
     check_bwd(q, k, v, sri, causal, "bf16", seed=6)
 
 
@@ -182,15 +184,16 @@ def test_softmax_scale():
     check_bwd(q, k, v, sri, causal, "fp16", softmax_scale=0.03, seed=9)
 
 
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
 @pytest.mark.parametrize("family", ["full", "causal", "global_sliding_window"])
-def test_block_mask(family):
+def test_block_mask(family, d):
     s = 700
     sri, causal = family_mask(family, s, 4)
     nb = -(-s // 128)
     rng = np.random.default_rng(11)
     bm = np.ascontiguousarray(rng.integers(0, 2, size=(1, 1, nb, nb)), dtype=np.int32)
     bm[0, 0, 2, :] = 0  # a fully dropped row of blocks: rows with no visible key
-    q, k, v = make_qkv(1, s, s, 2, 1, 128, DTYPES["bf16"], 12)
+    q, k, v = make_qkv(1, s, s, 2, 1, d, DTYPES["bf16"], 12)
     check_bwd(q, k, v, sri, causal, "bf16", block_mask=bm, seed=12)
 
 
@@ -203,8 +206,9 @@ def test_block_mask_without_sri():
     check_bwd(q, k, v, None, False, "bf16", block_mask=bm, seed=13)
 
 
+@pytest.mark.parametrize("d", [256, 80, (192, 128)], ids=dims_id)
 @pytest.mark.parametrize("causal", [True, False])
-def test_fully_masked_rows(causal):
+def test_fully_masked_rows(causal, d):
     s = 333
     rng = np.random.default_rng(2)
     if causal:
@@ -217,11 +221,11 @@ def test_fully_masked_rows(causal):
         sri[..., 1] = 170
         sri[..., 2] = rng.integers(0, 20, size=s)
         sri[..., 3] = sri[..., 2] + 5
-    q, k, v = make_qkv(1, s, s, 2, 1, 256, DTYPES["fp16"], 14)
+    q, k, v = make_qkv(1, s, s, 2, 1, d, DTYPES["fp16"], 14)
     check_bwd(q, k, v, sri, causal, "fp16", seed=14)
 
 
-@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
 def test_deterministic(d):
     """deterministic=True: bitwise repeatable, within tolerance, and dk/dv equal to the atomic mode's."""
     sri, causal = family_mask("causal_document", 700, 31)
@@ -236,7 +240,7 @@ def test_deterministic(d):
     assert (dq1.float() - dqa.float()).abs().max().item() <= 1e-2 * max(1.0, dq1.float().abs().max().item())
 
 
-@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
 def test_caller_workspace(d):
     """A caller's workspace (the Paddle op's path) gives the pool's gradients bitwise (deterministic
     order); one byte short, a misaligned or a non-uint8 one is a ValueError / TypeError before any
@@ -247,7 +251,7 @@ def test_caller_workspace(d):
     sri_dev = torch.from_numpy(sri).cuda()
     grads = [torch.empty_like(x) for x in (q, k, v)]
     need = kernels.bwd_workspace_bytes(q, k, v, out, lse, do, sri_dev, *grads, causal=causal, deterministic=True)
-    assert need >= 700 * 4 * d * 4  # at least the fp32 dQ accumulator
+    assert need >= 700 * 4 * head_dims(d)[0] * 4  # at least the fp32 dQ accumulator
     ws = torch.full((need + 512,), 0xAB, dtype=torch.uint8, device="cuda")  # stale contents
     dq2, dk2, dv2 = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=True, workspace=ws[:need])
     assert torch.equal(dq1, dq2) and torch.equal(dk1, dk2) and torch.equal(dv1, dv2)
@@ -325,7 +329,7 @@ def test_bad_arguments():
 # The mma.sync (step-1) backward stays the kernel for layouts TMA cannot describe;
 # FM3_BWD_KERNEL=mma_sync forces it, so it keeps being checked at every head dim WGMMA serves.
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (256, "bf16")])
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (256, "bf16"), (192, "fp16")])
 def test_mma_sync_fallback(d, dtype, deterministic, monkeypatch):
     monkeypatch.setenv("FM3_BWD_KERNEL", "mma_sync")
     for i, family in enumerate(["causal", "document", "random_eviction", "global_sliding_window"]):
@@ -352,3 +356,14 @@ def test_values_outside_seqlen_q(family):
     dqa, dka, dva = run_bwd(q, k, v, out, lse, do, raw_dev, causal)
     assert torch.equal(dka, dk) and torch.equal(dva, dv)
     assert (dqa.float() - dq.float()).abs().max().item() <= 1e-2 * max(1.0, dq.float().abs().max().item())
+
+
+@pytest.mark.parametrize("d", [d for d in HEAD_DIMS if d[0] != d[1] or d[0] not in BWD_FALLBACK_DIMS], ids=dims_id)
+def test_head_dims_without_mma_sync_say_so(d, monkeypatch):
+    """FM3_BWD_KERNEL=mma_sync at a head dim only the WGMMA backward serves: a clear error, no launch."""
+    monkeypatch.setenv("FM3_BWD_KERNEL", "mma_sync")
+    q, k, v = make_qkv(1, 64, 64, 2, 2, d, torch.bfloat16, 0)
+    out = torch.randn(1, 64, 2, d[1], device="cuda").to(torch.bfloat16)
+    lse = torch.zeros(1, 2, 64, device="cuda")
+    with pytest.raises(RuntimeError, match=rf"head_dim {d[0]} / head_dim_v {d[1]} runs on the WGMMA backward only"):
+        run_bwd(q, k, v, out, lse, torch.randn_like(out), None, True)

@@ -7,7 +7,8 @@ import pytest
 from paddle_fm3 import masks
 
 torch = pytest.importorskip("torch")
-from fm3_gpu_util import DTYPES, HEAD_DIMS, check, make_qkv, raw_paddle_values, run_kernel  # noqa: E402
+from fm3_gpu_util import (DTYPES, FWD_FALLBACK_DIMS, HEAD_DIMS, check, dims_id, head_dims, make_qkv,  # noqa: E402
+                          raw_paddle_values, run_kernel)
 
 FAMILIES = sorted(masks.FAMILIES)
 
@@ -19,7 +20,7 @@ def family_mask(name, s, seed, batch=1, num_heads=1):
 
 # All 12 families x head dims x dtypes, odd length 129, GQA (4 query heads on 2 kv heads), batch 2.
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_families(family, d, dtype):
     seed = zlib.crc32(repr((family, d, dtype)).encode())
@@ -41,9 +42,13 @@ def test_lengths(family, s, d, dtype):
     check(q, k, v, sri, causal, dtype)
 
 
-@pytest.mark.parametrize("d", [64, 256])
+# Head dims other than the 64 and 128 of the length tests above (80, 96, 192, the MLA pair, 256).
+OTHER_DIMS = [d for d in HEAD_DIMS if d[0] not in (64, 128) or d[0] != d[1]]
+
+
+@pytest.mark.parametrize("d", OTHER_DIMS, ids=dims_id)
 def test_long_all_families_once(d):
-    """Every family at 1000 tokens for the head dims not covered above."""
+    """Every family at 1000 tokens (S not a multiple of any tile) for the head dims not covered above."""
     for i, family in enumerate(FAMILIES):
         sri, causal = family_mask(family, 1000, 100 + i)
         q, k, v = make_qkv(1, 1000, 1000, 2, 1, d, DTYPES["bf16"], 200 + i)
@@ -108,7 +113,7 @@ def test_softmax_scale(family):
 
 
 # Every head dim: a tile of more than 128 rows (head dim 64's 192) spans block_mask row blocks.
-@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
 @pytest.mark.parametrize("family", ["full", "causal", "global_sliding_window"])
 def test_block_mask(family, d):
     s = 700
@@ -130,8 +135,9 @@ def test_block_mask_without_sri():
     check(q, k, v, None, False, "bf16", block_mask=bm)
 
 
+@pytest.mark.parametrize("d", [256, 80, (192, 128)], ids=dims_id)
 @pytest.mark.parametrize("causal", [True, False])
-def test_fully_masked_rows(causal):
+def test_fully_masked_rows(causal, d):
     s = 333
     rng = np.random.default_rng(2)
     if causal:  # C=2: rows [LTS, LTE) masked in every column for a band of rows
@@ -144,7 +150,7 @@ def test_fully_masked_rows(causal):
         sri[..., 1] = 170
         sri[..., 2] = rng.integers(0, 20, size=s)
         sri[..., 3] = sri[..., 2] + 5
-    q, k, v = make_qkv(1, s, s, 2, 1, 256, DTYPES["fp16"], 14)
+    q, k, v = make_qkv(1, s, s, 2, 1, d, DTYPES["fp16"], 14)
     check(q, k, v, sri, causal, "fp16")
 
 
@@ -185,7 +191,7 @@ def test_bad_arguments():
 
 # The step-1 mma.sync kernel stays the fallback for configs/layouts the WGMMA kernel does not take;
 # FM3_FWD_KERNEL=mma_sync forces it, so it keeps being checked at the head dims WGMMA now serves.
-@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16")])
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (192, "bf16")])
 def test_mma_sync_fallback(d, dtype, monkeypatch):
     monkeypatch.setenv("FM3_FWD_KERNEL", "mma_sync")
     for i, family in enumerate(["causal", "document", "random_eviction", "global_sliding_window"]):
@@ -197,7 +203,8 @@ def test_mma_sync_fallback(d, dtype, monkeypatch):
 # The persistent kernel with 3 CTAs: each takes many tiles from the counter, across (batch, head)
 # boundaries, so the tile boundaries in the ring, the double-buffered Q and the per-tile epilogue
 # all run many times per CTA (head dim 256: one Q buffer, reloaded between tiles).
-@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (256, "bf16")])
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (256, "bf16"), (96, "fp16"), ((192, 128), "bf16")],
+                         ids=["d128", "d64", "d256", "d96", "d192v128"])
 def test_persistent_many_tiles_per_cta(d, dtype, monkeypatch):
     monkeypatch.setenv("FM3_FWD_GRID", "3")
     for i, family in enumerate(FAMILIES):
@@ -209,17 +216,33 @@ def test_persistent_many_tiles_per_cta(d, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["causal_document", "document", "share_question", "global_sliding_window"])
-@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
 def test_values_outside_seqlen_q(family, d):
     """Out-of-range mask values (Paddle's meaning: above seqlen_q reads as seqlen_q, negative as 0) in the
     Hopper forward: the same output, bit for bit, as the clamped mask, which is checked against float64."""
     sq = 300
-    fm = masks.FAMILIES[family](sq, np.random.default_rng(d))
+    seed = sum(head_dims(d))
+    fm = masks.FAMILIES[family](sq, np.random.default_rng(seed))
     sri = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
-    raw = raw_paddle_values(sri, sq, d + 1)
+    raw = raw_paddle_values(sri, sq, seed + 1)
     assert (raw > sq).any()
-    q, k, v = make_qkv(1, sq, sq, 4, 2, d, DTYPES["bf16"], d + 1)
+    q, k, v = make_qkv(1, sq, sq, 4, 2, d, DTYPES["bf16"], seed + 1)
     check(q, k, v, sri, fm.causal, "bf16")
     out_ref, lse_ref = run_kernel(q, k, v, torch.from_numpy(sri).cuda(), fm.causal)
     out_raw, lse_raw = run_kernel(q, k, v, torch.from_numpy(raw).cuda(), fm.causal)
     assert torch.equal(out_raw, out_ref) and torch.equal(lse_raw, lse_ref)
+
+
+@pytest.mark.parametrize("d", [d for d in HEAD_DIMS if d[0] != d[1] or d[0] not in FWD_FALLBACK_DIMS], ids=dims_id)
+def test_head_dims_without_mma_sync_say_so(d, monkeypatch):
+    """FM3_FWD_KERNEL=mma_sync at a head dim only the WGMMA kernel serves: a clear error, no launch."""
+    monkeypatch.setenv("FM3_FWD_KERNEL", "mma_sync")
+    q, k, v = make_qkv(1, 64, 64, 2, 2, d, torch.bfloat16, 0)
+    with pytest.raises(RuntimeError, match=rf"head_dim {d[0]} / head_dim_v {d[1]} runs on the WGMMA kernel only"):
+        run_kernel(q, k, v, None, True)
+
+
+def test_unserved_head_dim_pair_is_a_value_error():
+    q, k, v = make_qkv(1, 64, 64, 2, 2, (128, 96), torch.bfloat16, 0)
+    with pytest.raises(ValueError, match="head_dim 128 .q, k. with head_dim_v 96 .v. has no sm90 kernel"):
+        run_kernel(q, k, v, None, True)

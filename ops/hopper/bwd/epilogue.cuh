@@ -2,7 +2,8 @@
 // softmax_scale and dV, in registers over the whole GQA group, are staged in shared memory (the Q /
 // dO / dS^T ring, free once both warpgroups are past their last tile) in key rows padded to a
 // conflict-free pitch, then written with 16-byte coalesced stores, each warpgroup its own 64 keys
-// (or, at head dim 256, its own half of the columns of all 64).
+// (or, at head dim 256, its own half of the columns of all 64). Columns past the real head dims (a
+// padded tile head dim, kernel_rules.py) are not written: dK's past a.head_dim, dV's past a.head_dim_v.
 #pragma once
 #include <stdint.h>
 
@@ -49,10 +50,12 @@ __device__ __forceinline__ void bwd_epilogue(const bwd::BwdArgs& a,
     const int key = n0 + row;
     if (key < a.seqlen_k) {
       const int off = row * Tr::kEpiPitch + chunk * 16;
-      *reinterpret_cast<uint4*>(dkg + static_cast<int64_t>(key) * a.k_rs + chunk * 8) =
-          *reinterpret_cast<const uint4*>(stage_k + off);
-      *reinterpret_cast<uint4*>(dvg + static_cast<int64_t>(key) * a.v_rs + chunk * 8) =
-          *reinterpret_cast<const uint4*>(stage_v + off);
+      if (chunk * 8 < a.head_dim)
+        *reinterpret_cast<uint4*>(dkg + static_cast<int64_t>(key) * a.k_rs + chunk * 8) =
+            *reinterpret_cast<const uint4*>(stage_k + off);
+      if (chunk * 8 < a.head_dim_v)
+        *reinterpret_cast<uint4*>(dvg + static_cast<int64_t>(key) * a.v_rs + chunk * 8) =
+            *reinterpret_cast<const uint4*>(stage_v + off);
     }
   }
 }

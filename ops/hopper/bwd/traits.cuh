@@ -39,7 +39,9 @@ struct BwdWgTraits {
   // dS^T goes to shared memory by stmatrix at head dim 64 (FlashAttention-4): +2-3% there, -0-3% at
   // 128, where it spills more (BENCHMARKS.md).
   static constexpr bool kStmatrixDs = kHeadDim == 64;
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA backward: head dim 64, 128 or 256");
+  // kHeadDim: the tile head dim (ops/hopper/kernel_rules.py), 64, 128 or 256; q, k, v, dO narrower than
+  // it are read with zeros past their columns, and dK / dV / dQ are written at their real widths.
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA backward: tile head dim 64, 128 or 256");
   static_assert(kSplitD ? kBlockM == 64 && kBlockN == 64
                         : kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
                 "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per "

@@ -10,10 +10,11 @@
 
 namespace fm3::hopper::sm90 {
 
-// o, row_max, row_sum: the mainloop's result (fwd/mainloop.cuh); row_base: this thread's tile-local
-// rows row_base and row_base + 8; t: lane % 4.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void fwd_epilogue(const FwdArgs& a, const FwdTile& x, const float (&o)[kHeadDim / 2],
+// o, row_max, row_sum: the mainloop's result (fwd/mainloop.cuh), o over kDimV (the value head dim
+// kHeadDimV padded to a multiple of 64; only the real columns are written); row_base: this thread's
+// tile-local rows row_base and row_base + 8; t: lane % 4.
+template <typename T, int kDimV, int kHeadDimV>
+__device__ __forceinline__ void fwd_epilogue(const FwdArgs& a, const FwdTile& x, const float (&o)[kDimV / 2],
                                              const float (&row_max)[2], const float (&row_sum)[2], int row_base,
                                              int t) {
   float* lse = a.lse + (static_cast<int64_t>(x.b) * a.num_heads + x.h) * a.seqlen_q;
@@ -26,7 +27,7 @@ __device__ __forceinline__ void fwd_epilogue(const FwdArgs& a, const FwdTile& x,
     if (row < a.seqlen_q) {
       T* dst = og + static_cast<int64_t>(row) * a.o_rs + 2 * t;
 #pragma unroll
-      for (int d = 0; d < kHeadDim / 8; ++d)
+      for (int d = 0; d < kHeadDimV / 8; ++d)
         *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[d * 4 + 2 * r] * inv, o[d * 4 + 2 * r + 1] * inv);
       if (t == 0) lse[row] = e.lse(row_max[r]);
     }

@@ -36,16 +36,16 @@ namespace fm3::hopper::sm90 {
 // The accumulators live in this function across the tile loop and the per-block steps are lambdas
 // over them: with the accumulators passed in by reference (the loop in the kernel), nvcc, which
 // optimizes a function before inlining it, emits different machine code.
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kOverlap>
-__device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>>& sm,
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
+__device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>>& sm,
                                              const FwdTileScheduler<kBlockM>& sched, int wg, int warp, int lane) {
-  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>;
+  using Tr = WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
   const int cw = wg - 1;               // consumer warpgroup: rows [cw * 64, cw * 64 + 64) of the tile
   const int wq = warp % 4;             // warp within the warpgroup: 16 rows
   const int g = lane / 4, t = lane % 4;
   const int row_base = cw * 64 + wq * 16 + g;  // tile-local rows row_base and row_base + 8
   constexpr int kS = kBlockN / 2;      // S accumulators per thread
-  constexpr int kO = kHeadDim / 2;     // O accumulators per thread
+  constexpr int kO = Tr::kDimV / 2;    // O accumulators per thread (the padded columns stay 0)
   float o[kO];
   float row_max[2], row_sum[2];  // log2 units; row_sum over this thread's columns only
   // Operand descriptors, built once; a block's operands are these moved by byte offsets.
@@ -55,9 +55,9 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
 
   // S = Q K^T for the block in `stage` (issued, not waited for).
   auto issue_qk = [&](float (&s)[kS], int stage) {
-    const SmemDesc q = dsc_q.plus(qoff), k = dsc_k.plus(stage * Tr::kKVBytes);
+    const SmemDesc q = dsc_q.plus(qoff), k = dsc_k.plus(stage * Tr::kKBytes);
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    for (int ks = 0; ks < Tr::kQkSteps; ++ks) {
       const uint32_t off = (ks % 4) * 32;  // k16 step within the 128-byte row
       gmma_ss<T, kBlockN>(q.at((ks / 4) * kBlockM * 128 + off), k.at((ks / 4) * kBlockN * 128 + off), s, ks > 0);
     }
@@ -65,9 +65,9 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
   };
   // O += P V for the block in `stage` (issued, not waited for).
   auto issue_pv = [&](const uint32_t (&p)[kBlockN / 16][4], int stage) {
-    const SmemDesc v = dsc_v.plus(stage * Tr::kKVBytes);
+    const SmemDesc v = dsc_v.plus(stage * Tr::kVBytes);
 #pragma unroll
-    for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, kHeadDim>(p[ps], v.at(ps * 2048), o);
+    for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, Tr::kDimV>(p[ps], v.at(ps * 2048), o);
     gmma_commit();
   };
   // Mask (partial blocks only), online-softmax update of row_max (log2 units) / row_sum; S becomes
@@ -114,7 +114,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
   auto rescale_o = [&](const float (&alpha)[2]) {
     if (kOverlap && alpha[0] == 1.f && alpha[1] == 1.f) return;
 #pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d)
+    for (int d = 0; d < Tr::kDimV / 8; ++d)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         o[d * 4 + 2 * r] *= alpha[r];
@@ -248,7 +248,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
       }
     }
     mbar_arrive(sm.bar_q_empty + 8 * qb);  // every GEMM reading this Q buffer has completed
-    fwd_epilogue<T, kHeadDim>(a, x, o, row_max, row_sum, row_base, t);
+    fwd_epilogue<T, Tr::kDimV, kHeadDimV>(a, x, o, row_max, row_sum, row_base, t);
   }
 }
 

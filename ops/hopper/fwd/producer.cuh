@@ -22,12 +22,12 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kOverlap>
-__device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>>& sm,
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
+__device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>>& sm,
                                              const FwdTileScheduler<kBlockM>& sched, const CUtensorMap* tmap_q,
                                              const CUtensorMap* tmap_k, const CUtensorMap* tmap_v, int tid, int lane,
                                              int n_blocks, int causal_offset) {
-  using Tr = WgTraits<T, kHeadDim, kBlockM, kBlockN, kStages, kOverlap>;
+  using Tr = WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
   const int warp = tid / 32;  // from tid here, not passed in: the machine code of the one-piece kernel
   if (warp == 0 && lane == 0) {
     tma_prefetch_desc(tmap_q);
@@ -42,10 +42,10 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
   auto load_v = [&](int n0, const FwdTile& x) {
     const uint32_t v_full = sm.bar_v_full + 8 * vring.stage;
     mbar_wait(sm.bar_v_empty + 8 * vring.stage, vring.phase ^ 1);
-    mbar_arrive_expect_tx(v_full, Tr::kKVBytes);
+    mbar_arrive_expect_tx(v_full, Tr::kVBytes);
 #pragma unroll
-    for (int c = 0; c < Tr::kDChunks; ++c)
-      tma_load_4d(sm.sV + vring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_v, v_full, c * 64, n0, x.hk, x.b);
+    for (int c = 0; c < Tr::kChunksV; ++c)
+      tma_load_4d(sm.sV + vring.stage * Tr::kVBytes + c * kBlockN * 128, tmap_v, v_full, c * 64, n0, x.hk, x.b);
     vring.advance();
   };
   int tile = blockIdx.x;
@@ -62,7 +62,7 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
       if (k >= Tr::kQBuffers) mbar_wait(sm.bar_q_empty + 8 * qb, (k / Tr::kQBuffers - 1) & 1);
       mbar_arrive_expect_tx(sm.bar_q + 8 * qb, Tr::kQBytes);
 #pragma unroll
-      for (int c = 0; c < Tr::kDChunks; ++c)
+      for (int c = 0; c < Tr::kChunksQK; ++c)
         tma_load_4d(sm.sQ + qb * Tr::kQBytes + c * kBlockM * 128, tmap_q, sm.bar_q + 8 * qb, c * 64, x.m0, x.h, x.b);
     }
     for (int first = 0; first < n_blocks; first += Tr::kProducerThreads) {
@@ -85,21 +85,22 @@ __device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgT
         if (tid == 0) {
           sm.entry[ring.stage] = entry;
           if constexpr (kOverlap) {
-            mbar_arrive_expect_tx(full, Tr::kKVBytes);
+            mbar_arrive_expect_tx(full, Tr::kKBytes);
 #pragma unroll
-            for (int c = 0; c < Tr::kDChunks; ++c)
-              tma_load_4d(sm.sK + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_k, full, c * 64, n0, x.hk, x.b);
+            for (int c = 0; c < Tr::kChunksQK; ++c)
+              tma_load_4d(sm.sK + ring.stage * Tr::kKBytes + c * kBlockN * 128, tmap_k, full, c * 64, n0, x.hk, x.b);
             // V on its own ring: the consumers hand its stage back after the block's product, which
             // completes during the next block.
             if (pending_v >= 0) load_v(pending_v, x);
             pending_v = n0;
           } else {
-            mbar_arrive_expect_tx(full, 2 * Tr::kKVBytes);
+            mbar_arrive_expect_tx(full, Tr::kKBytes + Tr::kVBytes);
 #pragma unroll
-            for (int c = 0; c < Tr::kDChunks; ++c) {
-              tma_load_4d(sm.sK + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_k, full, c * 64, n0, x.hk, x.b);
-              tma_load_4d(sm.sV + ring.stage * Tr::kKVBytes + c * kBlockN * 128, tmap_v, full, c * 64, n0, x.hk, x.b);
-            }
+            for (int c = 0; c < Tr::kChunksQK; ++c)
+              tma_load_4d(sm.sK + ring.stage * Tr::kKBytes + c * kBlockN * 128, tmap_k, full, c * 64, n0, x.hk, x.b);
+#pragma unroll
+            for (int c = 0; c < Tr::kChunksV; ++c)
+              tma_load_4d(sm.sV + ring.stage * Tr::kVBytes + c * kBlockN * 128, tmap_v, full, c * 64, n0, x.hk, x.b);
           }
         } else {
           mbar_arrive(full);

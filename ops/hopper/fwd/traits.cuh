@@ -9,19 +9,25 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages, bool kOverlap>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
 struct WgTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kConsumerWGs = kBlockM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kProducerThreads = 128;
-  static constexpr int kDChunks = kHeadDim / 64;  // 128-byte swizzle sub-tiles along the head dim
+  // Head dims: q / k kHeadDim, v kHeadDimV, each laid out in 128-byte-swizzled sub-tiles of 64
+  // columns, padded to a multiple of 64 (kDimQK, kDimV): the TMA loads fill the padding with zeros
+  // (ops/hopper/kernel_rules.py). S = Q K^T reduces over the real head dim only (kQkSteps).
+  static constexpr int kDimQK = (kHeadDim + 63) / 64 * 64, kDimV = (kHeadDimV + 63) / 64 * 64;
+  static constexpr int kChunksQK = kDimQK / 64, kChunksV = kDimV / 64;  // sub-tiles along the head dims
+  static constexpr int kQkSteps = (kHeadDim + 15) / 16;                 // k16 steps of S = Q K^T
   // Three consumer warpgroups (head dim 64: 192-row tiles, as FlashAttention-3) share 512 threads'
   // registers: 32 + 3 x 160 per thread; two take 40 + 2 x 232.
   static constexpr int kProducerRegs = kConsumerWGs == 3 ? 32 : 40;
   static constexpr int kConsumerRegs = kConsumerWGs == 3 ? 160 : 232;
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA path: head dim 64, 128 or 256");
+  static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0 && kDimQK <= 256 && kDimV <= 256,
+                "head dims: multiples of 16 up to 256 (the m64nNk16 products)");
   static_assert(kBlockN == 64 || kBlockN == 128, "WGMMA path: block_n 64 or 128");
   static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 3, "64 rows per consumer warpgroup");
   static_assert(kStages >= 2, "at least two stages");
@@ -36,16 +42,17 @@ struct WgTraits {
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
                 "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
   // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockM * kDimQK * 2;
+  static constexpr int kKBytes = kBlockN * kDimQK * 2;
+  static constexpr int kVBytes = kBlockN * kDimV * 2;
   static constexpr int kOffQ = 0;
   // Q double-buffered (the next tile's Q loads during this tile) where shared memory allows; at head
   // dim 256 a second 64 KB buffer does not fit beside the K/V ring, so Q loads between tiles.
-  static constexpr int kQBuffers = 2 * kQBytes + 2 * kStages * kKVBytes + 8192 <= 227 * 1024 ? 2 : 1;
+  static constexpr int kQBuffers = 2 * kQBytes + kStages * (kKBytes + kVBytes) + 8192 <= 227 * 1024 ? 2 : 1;
   static constexpr int kOffK = kOffQ + kQBuffers * kQBytes;
-  static constexpr int kOffV = kOffK + kStages * kKVBytes;
+  static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kMaskWords = kBlockM / 32;               // visibility words per key column
-  static constexpr int kOffMask = kOffV + kStages * kKVBytes;  // kStages x [kBlockN][kMaskWords] uint32
+  static constexpr int kOffMask = kOffV + kStages * kVBytes;  // kStages x [kBlockN][kMaskWords] uint32
   static constexpr int kMaskStageInts = kMaskWords * kBlockN;
   static constexpr int kOffEntry = kOffMask + kStages * kMaskStageInts * 4;  // kStages int
   static constexpr int kOffList = kOffEntry + 16 * 4;                          // kProducerThreads int
