@@ -232,12 +232,29 @@ class FlexMask:
             buf.copy_(val)
         self.causal = causal
 
-    def block_mask(self):
-        """The BlockMask of the current family. _compile=True evaluates the mask_mod block by block
-        instead of materializing the dense B x S x S mask (at S = 128K that asks for 128 GiB)."""
+    def block_mask(self, kv_block=128):
+        """The BlockMask of the current family (128-query blocks of kv_block keys). _compile=True
+        evaluates the mask_mod block by block instead of materializing the dense B x S x S mask (at S =
+        128K that asks for 128 GiB)."""
         from torch.nn.attention.flex_attention import create_block_mask
         return create_block_mask(self.mask_mods[self.causal], self.b, None, self.s, self.s, device=self.device,
-                                 _compile=True)
+                                 BLOCK_SIZE=(128, kv_block), _compile=True)
+
+
+def flex_call(fb, call, bmask, flex_mask, row):
+    """call(block_mask) for FlexAttention backend fb. The FLASH backend takes key blocks that are a
+    multiple of its tile (at head dim 192 it tiles keys by 112 and refuses the default 128-key blocks):
+    then the block mask is rebuilt with key blocks of that tile, as a user would, and the row records
+    it (flex_<fb>_kv_block)."""
+    import re
+    try:
+        return call(bmask)
+    except ValueError as e:
+        m = re.search(r"multiple of tile_n=(\d+)", str(e))
+        if fb != "flash" or m is None:
+            raise
+        row[f"flex_{fb}_kv_block"] = int(m.group(1))
+        return call(flex_mask.block_mask(kv_block=int(m.group(1))))
 
 
 def main():
@@ -372,7 +389,8 @@ def main_fwd(args):
             measure(row, {
                 "fm3": lambda: flops / bench(lambda: kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal),
                                              rep=args.rep) / 1e12,
-                **{"flex_" + fb: (lambda fb=fb: flops / bench(lambda: flex[fb](qt, kt, vt, bmask), rep=args.rep) / 1e12)
+                **{"flex_" + fb: (lambda fb=fb: flex_call(fb, lambda bm: flops / bench(
+                    lambda: flex[fb](qt, kt, vt, bm), rep=args.rep) / 1e12, bmask, flex_mask, row))
                    if fb in flex else None for fb in ("flash", "triton")},
                 "cudnn": cudnn if fam in ("full", "causal") else None,
             }, args.rounds)
@@ -394,9 +412,9 @@ def main_bwd(args):
     flex = compiled_flex(args.flex_backends)
     rep = args.rep
     rows = []
-    for d, dv, s, b, h in problems(args):
+    for d, d_v, s, b, h in problems(args):
         q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, s, h, d_v, device="cuda", dtype=torch.bfloat16)
         do = torch.randn_like(v)
         out = torch.empty_like(v)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
@@ -406,9 +424,9 @@ def main_bwd(args):
         flex_mask = FlexMask(b, s)
         for fam in args.families.split(","):
             sri_np, causal, pairs = family_mask(fam, s, b)
-            bwd_flops = 2.0 * h * (3 * d + 2 * dv) * pairs
+            bwd_flops = 2.0 * h * (3 * d + 2 * d_v) * pairs
             sri = torch.from_numpy(sri_np).cuda()
-            row = {"family": fam, **dims_row(d, dv), "seqlen": s, "batch": b, "heads": h,
+            row = {"family": fam, **dims_row(d, d_v), "seqlen": s, "batch": b, "heads": h,
                    "density": pairs / (b * s * s)}
 
             def fm3_bwd(det=False):
@@ -419,9 +437,11 @@ def main_bwd(args):
                 bmask = flex_mask.block_mask()
 
             def flex_bwd(fb):
-                o = flex[fb](qg, kg, vg, bmask)
-                t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True), warmup=1, rep=rep)
-                return bwd_flops / t / 1e12
+                def call(bm):
+                    o = flex[fb](qg, kg, vg, bm)
+                    t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True), warmup=1, rep=rep)
+                    return bwd_flops / t / 1e12
+                return flex_call(fb, call, bmask, flex_mask, row)
 
             def cudnn_bwd():
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

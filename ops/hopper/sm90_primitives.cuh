@@ -18,6 +18,8 @@
 
 #include <utility>
 
+// The N = 80 / 96 products (head dims 80, 96) are among CuTe's extended shapes.
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1
 #include <cute/arch/mma_sm90_gmma.hpp>
 
 namespace fm3::hopper::sm90 {
@@ -159,11 +161,15 @@ struct GmmaAtoms;
   };
 FM3_GMMA_ATOMS(__nv_bfloat16, 32, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 64, BF16BF16)
+FM3_GMMA_ATOMS(__nv_bfloat16, 80, BF16BF16)
+FM3_GMMA_ATOMS(__nv_bfloat16, 96, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 128, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 192, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 256, BF16BF16)
 FM3_GMMA_ATOMS(__half, 32, F16F16)
 FM3_GMMA_ATOMS(__half, 64, F16F16)
+FM3_GMMA_ATOMS(__half, 80, F16F16)
+FM3_GMMA_ATOMS(__half, 96, F16F16)
 FM3_GMMA_ATOMS(__half, 128, F16F16)
 FM3_GMMA_ATOMS(__half, 192, F16F16)
 FM3_GMMA_ATOMS(__half, 256, F16F16)

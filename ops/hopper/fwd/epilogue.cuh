@@ -10,11 +10,10 @@
 
 namespace fm3::hopper::sm90 {
 
-// o, row_max, row_sum: the mainloop's result (fwd/mainloop.cuh), o over kDimV (the value head dim
-// kHeadDimV padded to a multiple of 64; only the real columns are written); row_base: this thread's
-// tile-local rows row_base and row_base + 8; t: lane % 4.
-template <typename T, int kDimV, int kHeadDimV>
-__device__ __forceinline__ void fwd_epilogue(const FwdArgs& a, const FwdTile& x, const float (&o)[kDimV / 2],
+// o, row_max, row_sum: the mainloop's result (fwd/mainloop.cuh); row_base: this thread's tile-local
+// rows row_base and row_base + 8; t: lane % 4.
+template <typename T, int kHeadDimV>
+__device__ __forceinline__ void fwd_epilogue(const FwdArgs& a, const FwdTile& x, const float (&o)[kHeadDimV / 2],
                                              const float (&row_max)[2], const float (&row_sum)[2], int row_base,
                                              int t) {
   float* lse = a.lse + (static_cast<int64_t>(x.b) * a.num_heads + x.h) * a.seqlen_q;

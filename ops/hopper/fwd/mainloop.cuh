@@ -45,7 +45,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
   const int g = lane / 4, t = lane % 4;
   const int row_base = cw * 64 + wq * 16 + g;  // tile-local rows row_base and row_base + 8
   constexpr int kS = kBlockN / 2;      // S accumulators per thread
-  constexpr int kO = Tr::kDimV / 2;    // O accumulators per thread (the padded columns stay 0)
+  constexpr int kO = kHeadDimV / 2;    // O accumulators per thread
   float o[kO];
   float row_max[2], row_sum[2];  // log2 units; row_sum over this thread's columns only
   // Operand descriptors, built once; a block's operands are these moved by byte offsets.
@@ -67,7 +67,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
   auto issue_pv = [&](const uint32_t (&p)[kBlockN / 16][4], int stage) {
     const SmemDesc v = dsc_v.plus(stage * Tr::kVBytes);
 #pragma unroll
-    for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, Tr::kDimV>(p[ps], v.at(ps * 2048), o);
+    for (int ps = 0; ps < kBlockN / 16; ++ps) gmma_rs<T, kHeadDimV>(p[ps], v.at(ps * 2048), o);
     gmma_commit();
   };
   // Mask (partial blocks only), online-softmax update of row_max (log2 units) / row_sum; S becomes
@@ -114,7 +114,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
   auto rescale_o = [&](const float (&alpha)[2]) {
     if (kOverlap && alpha[0] == 1.f && alpha[1] == 1.f) return;
 #pragma unroll
-    for (int d = 0; d < Tr::kDimV / 8; ++d)
+    for (int d = 0; d < kHeadDimV / 8; ++d)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         o[d * 4 + 2 * r] *= alpha[r];
@@ -248,7 +248,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgT
       }
     }
     mbar_arrive(sm.bar_q_empty + 8 * qb);  // every GEMM reading this Q buffer has completed
-    fwd_epilogue<T, Tr::kDimV, kHeadDimV>(a, x, o, row_max, row_sum, row_base, t);
+    fwd_epilogue<T, kHeadDimV>(a, x, o, row_max, row_sum, row_base, t);
   }
 }
 
