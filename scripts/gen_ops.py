@@ -246,7 +246,7 @@ def check_kernel_configs(cfg: dict) -> dict:
         seen = set()
         for i, c in enumerate(entries):
             pair = (c["head_dim"], c["head_dim_v"])
-            name = f"{section} head_dim {pair[0]}" + (f"/{pair[1]}" if pair[1] != pair[0] else "")
+            name = f"{section} head_dim {_pair(c)}"
             if pair in seen:
                 raise ConfigError(f"{name} is listed twice")
             seen.add(pair)
@@ -255,9 +255,10 @@ def check_kernel_configs(cfg: dict) -> dict:
             entries[i] = serve(c)
         pairs[section] = seen
     for hd, hdv in sorted(pairs["sm90"] - pairs["sm90_bwd"]):
-        raise ConfigError(f"sm90 head_dim {hd}/{hdv} has no sm90_bwd config: every forward head dim needs a backward")
+        raise ConfigError(f"sm90 head_dim {_pair({'head_dim': hd, 'head_dim_v': hdv})} has no sm90_bwd config: "
+                          f"every forward head dim needs a backward")
     for hd, hdv in sorted(pairs["sm90_bwd"] - pairs["sm90"]):
-        raise ConfigError(f"sm90_bwd head_dim {hd}/{hdv} has no sm90 (forward) config")
+        raise ConfigError(f"sm90_bwd head_dim {_pair({'head_dim': hd, 'head_dim_v': hdv})} has no sm90 (forward) config")
     return {"cpu": cpu, "sm90": fwd, "sm90_bwd": bwd}
 
 
