@@ -10,9 +10,9 @@ import numpy as np
 from ._checks import MAX_SEQLEN, check_batch_heads, check_bool, check_int, is_int, is_seq, normalize_window_size
 from .mask_semantics import FlashMask
 
-__all__ = ["full", "causal", "sliding_window", "causal_document", "document", "share_question",
-           "global_sliding_window", "causal_blockwise", "prefix_lm_causal", "prefix_lm_document", "qk_sparse",
-           "random_eviction", "window_to_startend"]
+__all__ = ["full", "causal", "sliding_window", "causal_document", "causal_document_padded", "document",
+           "share_question", "global_sliding_window", "causal_blockwise", "prefix_lm_causal", "prefix_lm_document",
+           "qk_sparse", "random_eviction", "window_to_startend"]
 
 
 def _rows_for_batch(rows: list, batch: int, name: str) -> list:
@@ -148,6 +148,48 @@ def causal_document(doc_lens, seqlen: Optional[int] = None, *, batch: int = 1, n
     rows = _normalize_doc_lens(doc_lens, seqlen, batch)
     v = np.stack([_doc_bounds(r)[1] for r in rows])[..., None]
     return _finish(v, num_heads, True)
+
+
+def causal_document_padded(doc_lens, seqlen: int, *, batch: int = 1, num_heads: int = 1) -> FlashMask:
+    """Causal attention within each packed document, followed by a padding tail.
+
+    The mask of a packed training batch (e.g. PaddleFormers' ``attn_mask_startend_row_indices``):
+    each row holds documents back to back, and the positions after the last one, up to
+    ``seqlen``, are padding. Real tokens attend causally within their own document and never to a
+    padding position; a padding row sees no key at all, so ``flashmask_attention`` gives it output
+    0 and zero gradients (give those positions the ignored label in the loss).
+
+    Args:
+        doc_lens: list of document lengths (each >= 1) for one sample, broadcast over ``batch``;
+            or a list of such lists, one per batch row. Each row sums to at most ``seqlen``; rows
+            may differ in their sums (the rest of each row is its padding).
+        seqlen: the padded sequence length.
+
+    Returns a causal FlashMask, C=1, shape ``[B, num_heads, seqlen, 1]`` int32: ``LTS[j]`` is the
+    end of ``j``'s document for a real column and the start of the padding for a padding column.
+    With no padding it equals :func:`causal_document`. Example: ``causal_document_padded([4, 3], 10)``
+    gives ``LTS = [4, 4, 4, 4, 7, 7, 7, 7, 7, 7]``.
+
+    Raises:
+        TypeError / ValueError: malformed ``doc_lens``, lengths < 1, a row longer than ``seqlen``,
+        or a ``batch`` that does not match the number of rows.
+    """
+    s = check_int("seqlen", seqlen, lo=1, hi=MAX_SEQLEN)
+    batch, num_heads = check_batch_heads(batch, num_heads)
+    nested = is_seq(doc_lens) and len(doc_lens) > 0 and all(is_seq(r) for r in doc_lens)
+    # One row at a time: rows may differ in their sums here (their padding makes up the rest).
+    rows = [_normalize_doc_lens(list(r), None, 1, f"doc_lens[{bi}]")[0] for bi, r in enumerate(doc_lens)] \
+        if nested else _normalize_doc_lens(doc_lens, None, 1)
+    rows = _rows_for_batch(rows, batch, "doc_lens")
+    vecs = []
+    for bi, r in enumerate(rows):
+        real = sum(r)
+        if real > s:
+            raise ValueError(f"doc_lens[{bi}] sums to {real} but seqlen={s}; a row must fit in seqlen")
+        lts = np.full(s, real, dtype=np.int64)  # padding columns: masked from the padding on
+        lts[:real] = _doc_bounds(r)[1]
+        vecs.append(lts)
+    return _finish(np.stack(vecs)[..., None], num_heads, True)
 
 
 def document(doc_lens, seqlen: Optional[int] = None, *, batch: int = 1, num_heads: int = 1) -> FlashMask:

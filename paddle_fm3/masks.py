@@ -37,9 +37,9 @@ All import nothing but numpy at module level (the GPU test machine has no Paddle
 from __future__ import annotations
 
 from ._checks import MAX_SEQLEN
-from .mask_builders import (causal, causal_blockwise, causal_document, document, full, global_sliding_window,
-                            prefix_lm_causal, prefix_lm_document, qk_sparse, random_eviction, share_question,
-                            sliding_window, window_to_startend)
+from .mask_builders import (causal, causal_blockwise, causal_document, causal_document_padded, document, full,
+                            global_sliding_window, prefix_lm_causal, prefix_lm_document, qk_sparse, random_eviction,
+                            share_question, sliding_window, window_to_startend)
 from .mask_semantics import FlashMask, column_bounds, density, from_dense, to_dense, validate_startend_row_indices
 from .testing import FAMILIES
 
@@ -49,6 +49,7 @@ __all__ = [
     "causal",
     "sliding_window",
     "causal_document",
+    "causal_document_padded",
     "document",
     "share_question",
     "global_sliding_window",

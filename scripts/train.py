@@ -49,7 +49,10 @@ if importlib.util.find_spec("paddle_fm3") is None:  # not installed: use this ch
 import paddle  # noqa: E402
 import paddle.nn as nn  # noqa: E402
 import paddle.nn.functional as F  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+try:
+    from tqdm import tqdm  # noqa: E402
+except ImportError:  # a dependency of paddle_fm3; missing where the package was installed without its dependencies
+    sys.exit("scripts/train.py needs tqdm for its progress bar: pip install tqdm")
 
 import paddle_fm3  # noqa: E402
 from paddle_fm3 import masks, reference  # noqa: E402
@@ -594,6 +597,19 @@ def open_metrics(path: pathlib.Path, start_step: int):
     return fh, writer, earlier
 
 
+def show_progress(no_progress: bool, streams=None) -> bool:
+    """Whether to draw the tqdm bar: not with --no-progress, and only when stdout and stderr are both
+    terminals (a log file, a pipe or CI gets the plain "step N/M loss" lines instead)."""
+    if no_progress:
+        return False
+    streams = (sys.stdout, sys.stderr) if streams is None else streams
+    return all(callable(getattr(f, "isatty", None)) and f.isatty() for f in streams)
+
+
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def plot_metrics(metrics_csv: pathlib.Path, out_png: pathlib.Path, title: str) -> None:
     import matplotlib
 
@@ -768,7 +784,9 @@ def parse_args(argv=None):
                         "equivalent dense mask (masks.to_dense); exit 1 on mismatch")
     g.add_argument("--check-rtol", type=float, default=1e-5,
                    help="--check tolerance: max|ours-dense| / max|dense| per tensor (default 1e-5, fp32)")
-    g.add_argument("--no-progress", action="store_true", help="no tqdm bar (for logs)")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no tqdm bar, a line per tenth of the run instead (the default when stdout or\n"
+                        "stderr is not a terminal)")
     args = p.parse_args(argv)
     for name in ("seq_len", "batch_size", "steps", "answer_len", "d_model", "n_heads", "n_layers"):
         if getattr(args, name) < 1:
@@ -796,6 +814,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if not have_matplotlib():
+        print("note: matplotlib is not installed, so loss.png will not be written (pip install matplotlib)")
     paddle.set_device("cpu")
     if args.threads > 0 and hasattr(paddle.base.core, "set_num_threads"):
         paddle.base.core.set_num_threads(args.threads)
@@ -911,8 +931,8 @@ def main(argv=None) -> int:
     eval_before = evaluate()
     metrics_fh, metrics, earlier_losses = open_metrics(run_dir / "metrics.csv", start_step)
     losses, step_times = [], []
-    bar = tqdm(range(start_step, args.steps), desc="train", unit="step", disable=args.no_progress,
-               dynamic_ncols=True)
+    progress = show_progress(args.no_progress)
+    bar = tqdm(range(start_step, args.steps), desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     t_train = time.perf_counter()
     for step in bar:
         ts = time.perf_counter()
@@ -933,7 +953,7 @@ def main(argv=None) -> int:
                           "step_s": f"{step_times[-1]:.4f}", "tokens_per_s": f"{b * s / step_times[-1]:.1f}"})
         metrics_fh.flush()
         bar.set_postfix(loss=f"{lv:.3f}", tok_s=f"{b * s / step_times[-1]:,.0f}")
-        if args.no_progress and (step + 1) % max(1, args.steps // 10) == 0:
+        if not progress and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"step {step + 1}/{args.steps} loss {lv:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
             save_checkpoint(run_dir, model, opt, step + 1, args)
@@ -968,8 +988,10 @@ def main(argv=None) -> int:
     print(f"one step vs {cmp['dense_attention']}: {cmp['fm3']['step_s']:.3f}s vs {cmp['dense']['step_s']:.3f}s "
           f"({cmp['speedup']:.2f}x); mask {human_bytes(cmp['mask_bytes']['startend_row_indices'])} vs "
           f"{human_bytes(cmp['mask_bytes']['dense_float32'])} float32; loss rel diff {cmp['loss_rel_diff']:.1e}")
-    plot_metrics(run_dir / "metrics.csv", run_dir / "loss.png",
-                 f"{runner.name} LM, {args.mask}, {b} x {s} tokens/step ({run_dir.name})")
+    plotted = have_matplotlib()
+    if plotted:
+        plot_metrics(run_dir / "metrics.csv", run_dir / "loss.png",
+                     f"{runner.name} LM, {args.mask}, {b} x {s} tokens/step ({run_dir.name})")
     sample_rows = (eval_idx if n_eval else train_idx)[: args.samples]
     prompt_len = min(48, s // 2)
     if args.samples:
@@ -986,7 +1008,7 @@ def main(argv=None) -> int:
         "dense_comparison": cmp,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    print(f"run folder {run_dir}: metrics.csv, loss.png, checkpoint/, "
+    print(f"run folder {run_dir}: metrics.csv, {'loss.png, ' if plotted else ''}checkpoint/, "
           f"{'samples.txt, ' if args.samples else ''}summary.json")
     fields = [f"mask={args.mask}", f"steps={args.steps}", f"loss_first={first:.4f}", f"loss_last={last:.4f}"]
     if loss_from_step > 1:
