@@ -107,6 +107,10 @@ def test_block_summary_errors(kw, exc, match):
 
 def test_block_n_queries():
     assert kernels.block_n(128) > 0 and kernels.bwd_block_n(128) > 0 and kernels.block_n(7) == 0
+    # Head-dim pairs: MLA's (192, 128) has kernels, a value head dim of its own elsewhere has none.
+    assert kernels.block_n(192, 128) > 0 and kernels.bwd_block_n(192, 128) > 0
+    assert kernels.block_n(128, 96) == 0 and kernels.bwd_block_n(128, 96) == 0
+    assert kernels.block_n(96) == kernels.block_n(96, 96) > 0
     with pytest.raises(ValueError, match="head_dim must be <= 2147483647"):  # once a pybind11 TypeError
         kernels.block_n(2**40)
     with pytest.raises(TypeError, match="head_dim must be an integer"):
