@@ -115,20 +115,21 @@ def plot_cp(tables, out: pathlib.Path) -> bool:
 
 
 def plot_peers(bench: pathlib.Path, out: pathlib.Path) -> bool:
-    """fm3 / flex_flash per family for every (direction, head_dim, seqlen) recorded."""
+    """fm3 / flex_flash per family for every (direction, head dims, seqlen) recorded."""
     panels = []
     for direction in ("fwd", "bwd"):
         path = bench / f"{direction}_vs_peers.json"
         if path.exists():
             rows = json.loads(path.read_text())
-            for key in sorted({(r["head_dim"], r["seqlen"]) for r in rows}):
-                sel = [r for r in rows if (r["head_dim"], r["seqlen"]) == key and r.get("flex_flash")]
+            dims = lambda r: (r["head_dim"], r.get("head_dim_v", r["head_dim"]), r["seqlen"])  # noqa: E731
+            for key in sorted({dims(r) for r in rows}):
+                sel = [r for r in rows if dims(r) == key and r.get("flex_flash")]
                 if sel:
                     panels.append((direction, key, sel))
     if not panels:
         return False
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.6 * len(panels)), squeeze=False)
-    for ax, (direction, (d, s), sel) in zip(axes[:, 0], panels):
+    for ax, (direction, (d, dv, s), sel) in zip(axes[:, 0], panels):
         ratio = [r["fm3"] / r["flex_flash"] for r in sel]
         ax.bar(range(len(sel)), ratio, color=["tab:green" if x >= 1.05 else "tab:red" for x in ratio])
         ax.set_xticks(range(len(sel)), [r["family"] for r in sel], rotation=30, ha="right", fontsize=8)
@@ -136,7 +137,8 @@ def plot_peers(bench: pathlib.Path, out: pathlib.Path) -> bool:
         ax.axhline(1.05, color="k", lw=0.8, ls="--")
         ax.set_ylim(0.5, max(1.3, max(ratio) + 0.05))
         ax.set_ylabel("fm3 / Flex FLASH")
-        ax.set_title(f"H200 bf16 {'forward' if direction == 'fwd' else 'backward'}, head_dim {d}, S = {s}",
+        ax.set_title(f"H200 bf16 {'forward' if direction == 'fwd' else 'backward'}, head_dim {d}"
+                     f"{f' (v {dv})' if dv != d else ''}, S = {s}",
                      fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
