@@ -80,6 +80,11 @@ def normalize_window_size(window_size) -> Tuple[int, int]:
     return w
 
 
+#: (head_dim, head_dim_v) pairs: those of another value head dim (every path), those with a GPU kernel.
+HEAD_DIM_V_PAIRS = tuple(map(tuple, _config.HEAD_DIM_V_PAIRS))
+GPU_HEAD_DIMS = tuple(map(tuple, _config.SM90_HEAD_DIMS))
+
+
 def check_head_dims(head_dim: int, head_dim_k: int, head_dim_v: int, *, gpu: bool) -> None:
     """The rule of the head dims of query, key and value (one home; every entry applies it).
 
@@ -90,18 +95,17 @@ def check_head_dims(head_dim: int, head_dim_k: int, head_dim_v: int, *, gpu: boo
     Raises:
         ValueError: any other combination, naming the head dims.
     """
+    # No comprehensions here: paddle.jit.to_static converts this function (it runs inside the API's).
     if head_dim_k != head_dim:
         raise ValueError(f"key head_dim {head_dim_k} != query head_dim {head_dim}: query and key must share "
                          f"head_dim (the last dim of [batch, seqlen, num_heads, head_dim])")
-    pairs = tuple(tuple(p) for p in _config.HEAD_DIM_V_PAIRS)
-    if head_dim_v != head_dim and (head_dim, head_dim_v) not in pairs:
-        listed = ", ".join(str(p) for p in pairs) or "none"
+    if head_dim_v != head_dim and (head_dim, head_dim_v) not in HEAD_DIM_V_PAIRS:
         raise ValueError(f"value head_dim {head_dim_v} != query/key head_dim {head_dim}: only (head_dim, "
-                         f"head_dim_v) = {listed} is supported with a different value head dim; otherwise "
-                         f"value must have query's head_dim")
+                         f"head_dim_v) = {', '.join(map(str, HEAD_DIM_V_PAIRS)) or 'none'} is supported with a "
+                         f"different value head dim; otherwise value must have query's head_dim")
     if not 1 <= head_dim <= _config.CPU_MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be in [1, {_config.CPU_MAX_HEAD_DIM}], got {head_dim}")
-    if gpu and (head_dim, head_dim_v) not in tuple(tuple(p) for p in _config.SM90_HEAD_DIMS):
+    if gpu and (head_dim, head_dim_v) not in GPU_HEAD_DIMS:
         raise ValueError(f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) has no GPU kernel; supported: "
                          f"{_config.SM90_HEAD_DIMS}")
 
