@@ -10,6 +10,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from . import _config
+
 MAX_SEQLEN = 2**31 - 1  # row indices are int32
 # The kernels compute scores as (softmax_scale * log2(e) * q) . k in float32.
 LOG2E = float(np.log2(np.e))
@@ -76,6 +78,36 @@ def normalize_window_size(window_size) -> Tuple[int, int]:
     if w[0] < 0 or w[1] < 0:
         raise ValueError(f"window_size must be >= 0 (a non-negative int or a pair of them), got {window_size!r}")
     return w
+
+
+#: (head_dim, head_dim_v) pairs: those of another value head dim (every path), those with a GPU kernel.
+HEAD_DIM_V_PAIRS = tuple(map(tuple, _config.HEAD_DIM_V_PAIRS))
+GPU_HEAD_DIMS = tuple(map(tuple, _config.SM90_HEAD_DIMS))
+
+
+def check_head_dims(head_dim: int, head_dim_k: int, head_dim_v: int, *, gpu: bool) -> None:
+    """The rule of the head dims of query, key and value (one home; every entry applies it).
+
+    Key's must equal query's. ``(head_dim, head_dim_v)`` is accepted when equal (CPU: any head dim
+    in ``[1, CPU_MAX_HEAD_DIM]``; GPU: a pair in ``SM90_HEAD_DIMS``, those with a Hopper kernel) or
+    when it is one of ``HEAD_DIM_V_PAIRS`` (on every path: MLA's (192, 128), DeepSeek-V3's).
+
+    Raises:
+        ValueError: any other combination, naming the head dims.
+    """
+    # No comprehensions here: paddle.jit.to_static converts this function (it runs inside the API's).
+    if head_dim_k != head_dim:
+        raise ValueError(f"key head_dim {head_dim_k} != query head_dim {head_dim}: query and key must share "
+                         f"head_dim (the last dim of [batch, seqlen, num_heads, head_dim])")
+    if head_dim_v != head_dim and (head_dim, head_dim_v) not in HEAD_DIM_V_PAIRS:
+        raise ValueError(f"value head_dim {head_dim_v} != query/key head_dim {head_dim}: only (head_dim, "
+                         f"head_dim_v) = {', '.join(map(str, HEAD_DIM_V_PAIRS)) or 'none'} is supported with a "
+                         f"different value head dim; otherwise value must have query's head_dim")
+    if not 1 <= head_dim <= _config.CPU_MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be in [1, {_config.CPU_MAX_HEAD_DIM}], got {head_dim}")
+    if gpu and (head_dim, head_dim_v) not in GPU_HEAD_DIMS:
+        raise ValueError(f"(head_dim, head_dim_v) = ({head_dim}, {head_dim_v}) has no GPU kernel; supported: "
+                         f"{_config.SM90_HEAD_DIMS}")
 
 
 def check_softmax_scale(softmax_scale, head_dim: int) -> float:

@@ -7,9 +7,8 @@ import math
 
 import paddle
 
-from . import _config
 from ._checks import FLOAT32_MAX, LOG2E
-from ._checks import check_bool, check_mask_cols, check_softmax_scale, normalize_window_size  # noqa: F401
+from ._checks import check_bool, check_head_dims, check_mask_cols, check_softmax_scale, normalize_window_size  # noqa: F401
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
 QKV_LAYOUT = "[batch, seqlen, num_heads, head_dim]"
@@ -33,8 +32,11 @@ def check_tensor(name: str, x, ndim: int | None = None, dtypes=None, layout: str
 def check_qkv(q, k, v) -> bool:
     """Check query/key/value; return True when the call is zero-size (any of them has no elements).
 
+    Head dims follow ``check_head_dims``: key's is query's; value's may differ only for the pairs
+    of ``_config.HEAD_DIM_V_PAIRS`` (MLA's 192 / 128), and the output then has value's.
+
     A zero-size call (a zero batch, sequence length or head count) has a result without a kernel,
-    as in Paddle: zeros of shape ``[batch, seqlen_q, num_heads, head_dim]`` (empty when that has
+    as in Paddle: zeros of shape ``[batch, seqlen_q, num_heads, head_dim_v]`` (empty when that has
     no elements). Key/value head counts are then only checked against each other and the query's
     when both are nonzero (Paddle returns zeros for a key with no heads whatever the value's).
     """
@@ -49,10 +51,6 @@ def check_qkv(q, k, v) -> bool:
         raise ValueError(f"key and value seqlen (shape[1] of {QKV_LAYOUT}) differ: {sk} vs {sv}")
     if not all(_known(x) for x in (h, hk, hv, d, dk, dv)):
         raise ValueError("num_heads and head_dim of query, key, value must be static (known) dims")
-    if not (d == dk == dv):
-        raise ValueError(f"head_dim mismatch: query {d}, key {dk}, value {dv} (layout {QKV_LAYOUT})")
-    if not 1 <= d <= _config.CPU_MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must be in [1, {_config.CPU_MAX_HEAD_DIM}], got {d}")
     zero_size = any(_known(x) and x == 0 for x in (b, sq, sk, h, hk, hv))
     if hk > 0 and hv > 0:
         if hk != hv:
@@ -61,9 +59,8 @@ def check_qkv(q, k, v) -> bool:
             raise ValueError(f"query num_heads ({h}) must be a multiple of key/value num_heads ({hk}) "
                              f"(shape[2] of {QKV_LAYOUT}; query {list(q.shape)}, key {list(k.shape)})")
     place = getattr(q, "place", None)  # None for static-graph values
-    if (not zero_size and place is not None and not place.is_cpu_place()
-            and d not in _config.SM90_HEAD_DIMS):
-        raise ValueError(f"head_dim {d} has no GPU kernel; supported: {_config.SM90_HEAD_DIMS}")
+    # the GPU's own pairs only when a kernel runs (a zero-size call runs none)
+    check_head_dims(d, dk, dv, gpu=not zero_size and place is not None and not place.is_cpu_place())
     return zero_size
 
 

@@ -21,7 +21,7 @@ def _unmasked(seqlen_q, seqlen_k, batch, causal, place):
 
 class _ZeroSizeAttention(paddle.autograd.PyLayer):
     """Output of a zero-size call, without a kernel (as in Paddle): no key is visible to any query
-    row, so the output is zeros ``[batch, seqlen_q, num_heads, head_dim]`` (empty if that has no
+    row, so the output is zeros ``[batch, seqlen_q, num_heads, head_dim_v]`` (empty if that has no
     elements), and the gradients of query, key and value are zeros of their shapes."""
 
     @staticmethod
@@ -81,8 +81,11 @@ def flashmask_attention(
 
     Args:
         query: ``[batch, seqlen_q, num_heads, head_dim]``, float32/float16/bfloat16.
-        key, value: ``[batch, seqlen_k, num_heads_k, head_dim]``, same dtype;
+        key: ``[batch, seqlen_k, num_heads_k, head_dim]``, query's dtype and head_dim;
             ``num_heads % num_heads_k == 0`` (GQA/MQA).
+        value: ``[batch, seqlen_k, num_heads_k, head_dim_v]``, same dtype. ``head_dim_v`` is
+            ``head_dim``, or, as in Paddle, differs for MLA (DeepSeek-V3): ``(head_dim, head_dim_v)``
+            in ``_config.HEAD_DIM_V_PAIRS``, i.e. (192, 128). Any other pair is a ValueError.
         startend_row_indices: int32 ``[batch, H_mask, seqlen_k, C]``, ``H_mask`` in
             ``{1, num_heads_k, num_heads}``; per key column the query-row bounds of
             the masked rows (see ``paddle_fm3.masks``): causal ``C`` in {1 (LTS),
@@ -107,7 +110,7 @@ def flashmask_attention(
         rng_name: name of the dropout generator (no effect without dropout).
         training: bool, accepted for compatibility (no dropout, so no effect).
         name: unused, for compatibility.
-        softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5``. The float32 scores
+        softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5`` (query's head dim). The float32 scores
             must not overflow: a scale above ``float32 max / log2(e)`` is a ValueError, and so
             (checked in dynamic mode, for scales above 1) is one where
             ``softmax_scale * log2(e) * head_dim * max|q| * max|k|`` passes float32's maximum.
@@ -121,13 +124,13 @@ def flashmask_attention(
             with ``startend_row_indices`` (which it requires).
 
     Returns:
-        ``out`` (shape and dtype of ``query``); with ``return_softmax_lse`` and/or
+        ``out`` (``[batch, seqlen_q, num_heads, head_dim_v]``: value's head dim; query's dtype); with ``return_softmax_lse`` and/or
         ``return_seed_offset`` the list ``[out, softmax_lse, seed_offset]`` of those asked for,
         in that order (as Paddle). Fully masked query rows give 0 and zero gradients. With
         Paddle's ``FLAGS_cudnn_deterministic`` set (as for Paddle's own flash attention), the GPU
         backward adds dQ in a fixed order: bitwise repeatable, slower; the CPU kernel always is.
         Zero-size inputs (a zero batch, sequence length or head count) run no kernel, as in
-        Paddle: ``out`` is zeros ``[batch, seqlen_q, num_heads, head_dim]`` (empty when that
+        Paddle: ``out`` is zeros ``[batch, seqlen_q, num_heads, head_dim_v]`` (empty when that
         has no elements), the lse ``-inf``, and the gradients zeros. Inputs
         must be finite: a NaN in q, k or v propagates to the rows it can reach (and, as
         in any dense kernel, a NaN in v reaches every row of a partially masked tile).

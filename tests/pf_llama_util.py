@@ -146,9 +146,9 @@ def check_install_uninstall() -> None:
     fm3_pf.install()
     fm3_pf.install()
     assert fm3_pf.is_installed()
-    assert ALL_ATTENTION_FUNCTIONS["flashmask"] is fm3_pf.attention_forward
+    assert ALL_ATTENTION_FUNCTIONS["flashmask"] is fm3_pf.flashmask_attention_forward
     assert ALL_ATTENTION_FUNCTIONS["fm3"] is fm3_pf.attention_forward
-    assert AttentionInterface()["flashmask"] is fm3_pf.attention_forward  # any instance: class-wide
+    assert AttentionInterface()["flashmask"] is fm3_pf.flashmask_attention_forward  # any instance: class-wide
     fm3_pf.uninstall()
     fm3_pf.uninstall()
     assert not fm3_pf.is_installed()
@@ -212,3 +212,20 @@ def check_patch_paddle_order(order: str) -> None:
         paddle_fm3.patch_paddle()
     reaches = pf_flashmask.flashmask_attention is paddle_fm3.flashmask_attention
     assert reaches == (order == "patch-first"), (order, reaches)
+
+
+def check_scaling_by_name() -> None:
+    """"fm3" applies ``scaling``; "flashmask" keeps the contract of PaddleFormers' own flashmask
+    function, which does not (Paddle's default head_dim ** -0.5; DeepSeek-V3 folds its scale into the
+    query for that name). Both against PaddleFormers' eager attention with the scale each applies."""
+    import paddle_fm3.integrations.paddleformers as fm3_pf
+    from paddleformers.nn.attention.eager_attention import eager_attention_forward
+
+    rng = np.random.default_rng(3)
+    q, k, v = (paddle.to_tensor(rng.standard_normal((1, 2, 8, 16)).astype("float32")) for _ in range(3))
+    sri = paddle.to_tensor(np.full((1, 1, 8, 1), 8, dtype=np.int32))  # causal, nothing else masked
+    module = paddle.nn.Layer()
+    for fn, applied in ((fm3_pf.attention_forward, 0.7), (fm3_pf.flashmask_attention_forward, 16 ** -0.5)):
+        ours, _ = fn(module, q, k, v, attn_mask_startend_row_indices=sri, scaling=0.7)
+        want, _ = eager_attention_forward(module, q, k, v, attn_mask_startend_row_indices=sri, scaling=applied)
+        assert scaled_err(ours.numpy(), want.numpy()) <= RTOL, fn.__name__

@@ -15,11 +15,13 @@ def _to64(t):
 
 
 def run_case(rng, q_shape, kv_shape, dtype, sri, causal, softmax_scale=None, block_mask=None, window_size=None,
-             check_grads=True):
-    """Run our op forward+backward and the reference on the same (dtype-rounded) inputs."""
+             check_grads=True, head_dim_v=None):
+    """Run our op forward+backward and the reference on the same (dtype-rounded) inputs. ``head_dim_v``:
+    value's head dim when it differs from kv_shape's (MLA)."""
+    v_shape = tuple(kv_shape[:3]) + (kv_shape[3] if head_dim_v is None else head_dim_v,)
     q = paddle.to_tensor(rng.standard_normal(q_shape).astype(np.float32)).astype(dtype)
     k = paddle.to_tensor(rng.standard_normal(kv_shape).astype(np.float32)).astype(dtype)
-    v = paddle.to_tensor(rng.standard_normal(kv_shape).astype(np.float32)).astype(dtype)
+    v = paddle.to_tensor(rng.standard_normal(v_shape).astype(np.float32)).astype(dtype)
     for t in (q, k, v):
         t.stop_gradient = False
     sri_t = None if sri is None else paddle.to_tensor(sri)
@@ -33,6 +35,7 @@ def run_case(rng, q_shape, kv_shape, dtype, sri, causal, softmax_scale=None, blo
     kw = dict(causal=causal, softmax_scale=softmax_scale, block_mask=block_mask)
     ref_out, ref_lse = reference.attention_forward(_to64(q), _to64(k), _to64(v), ref_sri, **kw)
     tol = RTOL[dtype]
+    assert list(out.shape) == list(q_shape[:3]) + [v_shape[3]]
     assert rel_err(_to64(out), ref_out) < tol
     lse_np = lse.numpy().astype(np.float64)
     assert np.array_equal(np.isneginf(lse_np), np.isneginf(ref_lse)), "fully masked rows differ"
@@ -40,7 +43,7 @@ def run_case(rng, q_shape, kv_shape, dtype, sri, causal, softmax_scale=None, blo
     assert np.abs(lse_np[finite] - ref_lse[finite]).max(initial=0) < 1e-4
     if not check_grads:
         return
-    dout = paddle.to_tensor(rng.standard_normal(q_shape).astype(np.float32)).astype(dtype)
+    dout = paddle.to_tensor(rng.standard_normal(out.shape).astype(np.float32)).astype(dtype)
     paddle.autograd.backward([out], [dout])
     ref = reference.attention_backward(_to64(q), _to64(k), _to64(v), _to64(dout), ref_sri, **kw)
     for name, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref):
@@ -94,6 +97,25 @@ def test_head_dims(head_dim):
     rng = np.random.default_rng(head_dim)
     m = masks.FAMILIES["causal_document"](200, rng)
     run_case(rng, (1, 200, 2, head_dim), (1, 200, 1, head_dim), "float32", m.startend_row_indices, True)
+
+
+# MLA (DeepSeek-V3): q, k 192 columns, v and out 128. GQA, lengths off the 64-row tiles.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("family", ["causal_document", "share_question", "sliding_window", "random_eviction"])
+def test_value_head_dim_differs_mla(family, dtype):
+    rng = np.random.default_rng(hash(("mla", family, dtype)) % 2**32)
+    m = masks.FAMILIES[family](193, rng, batch=2)
+    run_case(rng, (2, 193, 4, 192), (2, 193, 2, 192), dtype, m.startend_row_indices, m.causal, head_dim_v=128)
+
+
+@pytest.mark.parametrize("sq,sk", [(70, 200), (200, 70)])
+@pytest.mark.parametrize("causal,cols", [(True, 2), (False, 4)])
+def test_value_head_dim_differs_rectangular_block_mask_and_no_mask(sq, sk, causal, cols):
+    rng = np.random.default_rng(sq * 7 + sk + cols)
+    sri = random_startend(rng, 1, 2, sq, sk, causal, cols)
+    bm = rng.integers(0, 2, size=(1, 2, (sq + 127) // 128, (sk + 127) // 128)).astype(np.int32)
+    run_case(rng, (1, sq, 2, 192), (1, sk, 2, 192), "float32", sri, causal, block_mask=bm, head_dim_v=128)
+    run_case(rng, (1, sq, 2, 192), (1, sk, 1, 192), "float32", None, causal, softmax_scale=0.3, head_dim_v=128)
 
 
 @pytest.mark.parametrize("scale", [0.01, 0.5, 2.0])
@@ -187,3 +209,29 @@ def test_to_static_matches_dygraph():
 
     static_f = paddle.jit.to_static(f, full_graph=True)
     np.testing.assert_array_equal(static_f(q, k, v, sri).numpy(), f(q, k, v, sri).numpy())
+
+
+def test_to_static_value_head_dim_differs_mla():
+    """The op's shape inference gives out [b, sq, h, head_dim_v]; forward and gradients in a static
+    graph equal dygraph's."""
+    rng = np.random.default_rng(6)
+    sri = masks.FAMILIES["causal_document"](130, rng).to_paddle()
+    q, k = (paddle.to_tensor(rng.standard_normal((1, 130, 2, 192)).astype(np.float32)) for _ in range(2))
+    v = paddle.to_tensor(rng.standard_normal((1, 130, 1, 128)).astype(np.float32))
+    k = k[:, :, :1]
+
+    def f(q, k, v, sri):
+        return fm.flashmask_attention(q, k, v, sri, causal=True)
+
+    static_f = paddle.jit.to_static(f, full_graph=True)
+    grads = []
+    for fn in (static_f, f):
+        xs = [x.detach() for x in (q, k, v)]
+        for x in xs:
+            x.stop_gradient = False
+        out = fn(*xs, sri)
+        assert list(out.shape) == [1, 130, 2, 128]
+        (out * out).sum().backward()
+        grads.append([out.numpy()] + [x.grad.numpy() for x in xs])
+    for got, want in zip(*grads):
+        np.testing.assert_array_equal(got, want)

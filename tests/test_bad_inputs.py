@@ -31,7 +31,19 @@ CASES = [
     ("indices batch", lambda: dict(args=(*qkv(b=2), sri(b=3)), causal=True), ValueError, "shape[0]"),
     ("indices seqlen", lambda: dict(args=(*qkv(), sri(sk=15)), causal=True), ValueError, "shape[2]"),
     ("k/v seqlen", lambda: dict(args=(qkv()[0], qkv()[1], qkv(sk=12)[2])), ValueError, "seqlen"),
-    ("head_dim mismatch", lambda: dict(args=(qkv(d=8)[0], *qkv(d=16)[1:])), ValueError, "head_dim"),
+    ("head_dim mismatch", lambda: dict(args=(qkv(d=8)[0], *qkv(d=16)[1:])), ValueError,
+     "key head_dim 16 != query head_dim 8"),
+    # value's head dim may differ only for the MLA pair (192, 128)
+    ("value head_dim 96 under 128", lambda: dict(args=(*qkv(d=128)[:2], qkv(d=96)[2])), ValueError,
+     "value head_dim 96 != query/key head_dim 128: only (head_dim, head_dim_v) = (192, 128)"),
+    ("MLA pair reversed", lambda: dict(args=(*qkv(d=128)[:2], qkv(d=192)[2])), ValueError,
+     "value head_dim 192 != query/key head_dim 128: only (head_dim, head_dim_v) = (192, 128)"),
+    ("bad value head_dim, zero-size", lambda: dict(args=(*qkv(b=0, d=128)[:2], qkv(b=0, d=96)[2])), ValueError,
+     "value head_dim 96 != query/key head_dim 128"),
+    ("value head_dim 64 under 192", lambda: dict(args=(*qkv(d=192)[:2], qkv(d=64)[2])), ValueError,
+     "value head_dim 64 != query/key head_dim 192"),
+    ("key head_dim 128 under MLA's 192", lambda: dict(args=(qkv(d=192)[0], qkv(d=128)[1], qkv(d=128)[2])),
+     ValueError, "key head_dim 128 != query head_dim 192"),
     ("H_q % H_k", lambda: dict(args=(qkv(h=3)[0], *qkv(hk=2)[1:])), ValueError, "multiple"),
     ("H_mask", lambda: dict(args=(*qkv(h=4, hk=2), sri(hm=3)), causal=True), ValueError, "mask heads"),
     ("C for causal", lambda: dict(args=(*qkv(), sri(c=4)), causal=True), ValueError, "shape[3]"),
@@ -76,3 +88,44 @@ def test_block_classify_bad_sizes():
         fm.block_classify(np.zeros((1, 1, 4, 1), np.int32), causal=True, seqlen_q=4, block_m=0, block_n=2)
     with pytest.raises(TypeError, match="block_m must be an int, got float"):
         fm.block_classify(np.zeros((1, 1, 4, 1), np.int32), causal=True, seqlen_q=4, block_m=2.0, block_n=2)
+
+
+def test_head_dim_rule_cpu_and_gpu():
+    """The one rule (paddle_fm3._checks.check_head_dims), for CPU and GPU tensors alike: equal head
+    dims (CPU: any in range; GPU: the pairs with a Hopper kernel) or a listed pair of another
+    value head dim (MLA's (192, 128))."""
+    from paddle_fm3 import _checks, _config
+
+    assert (192, 128) in _config.HEAD_DIM_V_PAIRS
+    for gpu in (False, True):
+        _checks.check_head_dims(192, 192, 128, gpu=gpu)
+        for d, dv in _config.SM90_HEAD_DIMS:
+            _checks.check_head_dims(d, d, dv, gpu=gpu)
+        with pytest.raises(ValueError, match=r"value head_dim 96 != query/key head_dim 128"):
+            _checks.check_head_dims(128, 128, 96, gpu=gpu)
+        with pytest.raises(ValueError, match=r"key head_dim 64 != query head_dim 192"):
+            _checks.check_head_dims(192, 64, 128, gpu=gpu)
+    _checks.check_head_dims(32, 32, 32, gpu=False)
+    with pytest.raises(ValueError, match=r"\(head_dim, head_dim_v\) = \(32, 32\) has no GPU kernel"):
+        _checks.check_head_dims(32, 32, 32, gpu=True)
+
+
+def test_raw_op_checks_value_shape_in_c():
+    """Under the Python checks (e.g. a static graph with unknown dims) the op's own checks stop a
+    v or out of the wrong shape before the kernel reads it."""
+    from paddle_fm3._ops import ops
+
+    q, k = paddle.randn([1, 16, 2, 192]), paddle.randn([1, 16, 2, 192])
+    sri = paddle.full([1, 1, 16, 1], 16, "int32")
+    for v in (paddle.randn([1, 15, 2, 128]), paddle.randn([1, 16, 1, 128])):
+        with pytest.raises(ValueError, match=r"v \[batch, seqlen_k, num_heads_k, head_dim_v\]"):
+            ops.fm3_flashmask_attention(q, k, v, sri, None, 0.1, True, False)
+    with pytest.raises(ValueError, match="q's batch and head_dim"):
+        ops.fm3_flashmask_attention(q, paddle.randn([1, 16, 2, 128]), paddle.randn([1, 16, 2, 128]), sri, None,
+                                    0.1, True, False)
+    v = paddle.randn([1, 16, 2, 128])
+    out, lse = ops.fm3_flashmask_attention(q, k, v, sri, None, 0.1, True, False)
+    assert list(out.shape) == [1, 16, 2, 128]
+    with pytest.raises(Exception, match="out_grad must have out's shape"):
+        ops.fm3_flashmask_attention_bwd(q, k, v, sri, None, out, lse, paddle.randn([1, 16, 2, 192]), 0.1, True,
+                                        False)

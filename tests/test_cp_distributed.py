@@ -4,7 +4,7 @@ One launch per group size runs every case (tests/cp/cp_worker.py); each launch i
 subprocess timeout so nothing hangs. Checks: every mask family, forward and gradients equal to
 single-process ``flashmask_attention`` (fp32, 1e-5 relative), error not growing with P, a rank
 that receives nothing, a rank whose queries are all masked (0, no NaN), documents not dividing by
-the segment size, a clear ValueError when S is not divisible by P * segment_size, and two masks
+the segment size, MLA's value head dim 128 under q/k's 192, a clear ValueError when S is not divisible by P * segment_size, and two masks
 sharing one dispatch.
 """
 
@@ -44,7 +44,7 @@ def test_no_errors(results):
 def test_forward_and_gradients_match_single_process(results):
     p, res = results
     cases = _cases(res)
-    assert len({r["case"] for r in cases}) >= 12 + 6
+    assert len({r["case"] for r in cases}) >= 12 + 8
     for r in cases:
         for key in ("out", "undispatch", "dq", "dk", "dv"):
             assert r[key] < TOL, f"P={p} {r['case']} rank {r['rank']}: {key} rel err {r[key]:.2e}"
@@ -55,7 +55,7 @@ def test_forward_and_gradients_match_single_process(results):
 def test_error_does_not_grow_with_p(results):
     p, res = results
     for r in _cases(res):  # CP error vs float64 stays at the single-process level
-        for key in ("out64", "dq64", "dk64"):
+        for key in ("out64", "dq64", "dk64", "dv64"):
             cp, single = r[key + "_cp"], r[key + "_single"]
             assert cp <= 3 * single + 2e-6, f"P={p} {r['case']}: {key} cp {cp:.2e} single {single:.2e}"
 
@@ -76,3 +76,14 @@ def test_special_cases(results):
         assert len(_cases(res, name)) == p, name
     # pruning happened somewhere (segments fully masked for a rank are never sent)
     assert any(r["stats"]["remote_segments_skipped"] > 0 for r in _cases(res, "causal_document"))
+
+
+def test_value_head_dim_differs_mla(results):
+    """MLA's 192 / 128: out and dV have value's head dim; the KV exchange carried remote keys."""
+    p, res = results
+    for name in ("mla_causal_document", "mla_global_sliding_window"):
+        rows = _cases(res, name)
+        assert len(rows) == p, name
+        for r in rows:
+            assert r["out_shape"][-1] == 128 and r["dv_shape"][-1] == 128, (name, r["out_shape"], r["dv_shape"])
+        assert any(r["recv_peers"] > 0 for r in rows), f"P={p} {name}: no rank received KV"

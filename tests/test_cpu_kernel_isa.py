@@ -23,6 +23,9 @@ def test_each_cpu_kernel_copy_matches_the_reference(monkeypatch, kernel, dtype):
     run_case(rng, (1, 300, 4, 64), (1, 300, 2, 64), dtype, m.startend_row_indices, m.causal)
     sri = random_startend(rng, 2, 2, 200, 260, False, 4)
     run_case(rng, (2, 200, 4, 96), (2, 260, 2, 96), dtype, sri, False)
+    # MLA: value head dim 128 under q/k's 192 (each copy's tiles of v, out, dV, dP)
+    m = masks.FAMILIES["causal_document"](130, rng)
+    run_case(rng, (1, 130, 2, 192), (1, 130, 1, 192), dtype, m.startend_row_indices, m.causal, head_dim_v=128)
 
 
 def test_unknown_cpu_kernel_is_an_error(monkeypatch):

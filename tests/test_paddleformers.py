@@ -1,6 +1,7 @@
 """PaddleFormers integration: install()/uninstall() and patch_paddle()/unpatch_paddle().
 
-A tiny Llama (2 layers, GQA) on packed documents with a padding tail, through
+A tiny Llama (2 layers, GQA), and a tiny DeepSeek-V3 (MLA: q/k head dim 192, v 128), on packed
+documents with a padding tail, through
 ``attn_mask_startend_row_indices``: forward, backward and one optimizer step through paddle_fm3
 equal PaddleFormers' eager backend on the equivalent dense mask (real rows; the padding rows see
 no key: ours gives 0 there, eager attends to every key, and no real row reads them).
@@ -27,8 +28,8 @@ if importlib.util.find_spec("paddleformers") is None and not os.environ.get("CI"
 TESTS = pathlib.Path(__file__).resolve().parent
 
 
-def run_check(name, *args):
-    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import pf_llama_util as U; U.{name}(*sys.argv[1:])"
+def run_check(name, *args, util="pf_llama_util"):
+    code = f"import sys; sys.path.insert(0, {str(TESTS)!r}); import {util} as U; U.{name}(*sys.argv[1:])"
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, cwd="/")
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -37,6 +38,18 @@ def run_check(name, *args):
                                         ("install-first", "fm3")])
 def test_llama_train_step_matches_eager(order, name):
     run_check("check_train_step", order, name)
+
+
+@pytest.mark.parametrize("name", ["flashmask", "fm3"])
+def test_deepseek_v3_mla_train_step_matches_eager(name):
+    """MLA (q/k 192, v 128; tests/pf_deepseek_util.py): under "fm3" the 192 / 128 call reaches
+    paddle_fm3 as it is; under "flashmask" PaddleFormers zero-pads value to 192 and folds the
+    softmax scale into the query. Both match eager through one SGD step."""
+    run_check("check_train_step", name, util="pf_deepseek_util")
+
+
+def test_scaling_fm3_applies_it_flashmask_keeps_paddleformers_contract():
+    run_check("check_scaling_by_name")
 
 
 def test_install_is_idempotent_and_uninstall_restores():

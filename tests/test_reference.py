@@ -283,6 +283,35 @@ def test_gqa_equals_repeated_kv():
     np.testing.assert_allclose(dv, dv2.reshape(1, 6, 2, 2, 3).sum(3), rtol=1e-13, atol=1e-15)
 
 
+def test_value_head_dim_mla_equals_value_zero_padded_to_query_head_dim():
+    """MLA's (192, 128): out and dv have v's 128 columns; they equal the first 128 columns of the
+    attention of v zero-padded to 192 (what PaddleFormers' DeepSeek-V3 does for Paddle's kernel),
+    and dq, dk are the same (the padding's output columns get a zero gradient)."""
+    rng = np.random.default_rng(14)
+    q, k, v = rand_qkv(rng, 2, 9, 11, 4, 2, 192, Dv=128)
+    sri = random_sri(rng, 2, 2, 11, 9, False, 4)
+    dout = rng.standard_normal((2, 9, 4, 128))
+    with np.errstate(all="raise"):
+        out, lse = R.attention_forward(q, k, v, sri)
+        dq, dk, dv = R.attention_backward(q, k, v, dout, sri)
+    assert out.shape == (2, 9, 4, 128) and lse.shape == (2, 4, 9)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    pad = np.zeros(v.shape[:3] + (64,))
+    vp, doutp = np.concatenate([v, pad], -1), np.concatenate([dout, rng.standard_normal(dout.shape[:3] + (64,))], -1)
+    outp, lsep = R.attention_forward(q, k, vp, sri)
+    np.testing.assert_allclose(out, outp[..., :128], rtol=1e-13, atol=1e-15)
+    assert (outp[..., 128:] == 0).all()
+    np.testing.assert_array_equal(lse, lsep)
+    doutp[..., 128:] = 0
+    dqp, dkp, dvp = R.attention_backward(q, k, vp, doutp, sri)
+    np.testing.assert_allclose(dq, dqp, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(dk, dkp, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(dv, dvp[..., :128], rtol=1e-12, atol=1e-14)
+    o_naive, l_naive = naive_forward(q, k, v, sri)
+    np.testing.assert_allclose(out, o_naive, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(lse, l_naive, rtol=1e-12)
+
+
 def test_none_mask_equals_explicit_causal():
     rng = np.random.default_rng(13)
     q, k, v = rand_qkv(rng, 2, 5, 8, 2, 2, 4)

@@ -126,7 +126,8 @@ struct Heads {
 
 template <typename T>
 void forward(const fm3_fwd_params& p) {
-  const int D = p.head_dim, BM = kCpuBlockM, BN = kCpuBlockN;
+  // D: columns of q and k (the scores); Dv: columns of v and out (MLA: 192 and 128).
+  const int D = p.head_dim, Dv = p.head_dim_v, BM = kCpuBlockM, BN = kCpuBlockN;
   const int n_mtiles = ceil_div(p.seqlen_q, BM), n_nblocks = ceil_div(p.seqlen_k, BN);
   const Heads heads{p.num_heads / p.num_heads_k, p.num_heads, p.mask_heads};
   const MaskPlan plan(p.startend_row_indices, p.block_mask, p.batch, p.mask_heads, p.seqlen_q,
@@ -136,7 +137,7 @@ void forward(const fm3_fwd_params& p) {
 
 #pragma omp parallel
   {
-    std::vector<float> q(BM * D), o(BM * D), s(BM * BN), kt(D * BN), v(BN * D), row_max(BM), row_sum(BM);
+    std::vector<float> q(BM * D), o(BM * Dv), s(BM * BN), kt(D * BN), v(BN * Dv), row_max(BM), row_sum(BM);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < n_work; ++w) {
       const WorkIndex wi(w, p.num_heads, n_mtiles);
@@ -158,7 +159,7 @@ void forward(const fm3_fwd_params& p) {
         load_rows_t(kh, p.k_row_stride, n0, N, D, kt.data());
         gemm_abt(q.data(), kt.data(), M, N, D, s.data());
         if (cls == kPartial) mask.apply(s.data(), m0, M, n0, N, kNegInf);
-        load_rows(vh, p.v_row_stride, n0, N, D, 1.f, v.data());
+        load_rows(vh, p.v_row_stride, n0, N, Dv, 1.f, v.data());
         for (int i = 0; i < M; ++i) {  // online softmax; s becomes P (unnormalized)
           float* si = s.data() + i * N;
           float mx = row_max[i];
@@ -179,9 +180,9 @@ void forward(const fm3_fwd_params& p) {
           row_sum[i] = row_sum[i] * alpha + sum;
           row_max[i] = mx;
           if (alpha != 1.f)
-            for (int t = 0; t < D; ++t) o[i * D + t] *= alpha;
+            for (int t = 0; t < Dv; ++t) o[i * Dv + t] *= alpha;
         }
-        gemm_acc(s.data(), N, v.data(), D, o.data(), D, M, D, N);  // O += P V
+        gemm_acc(s.data(), N, v.data(), Dv, o.data(), Dv, M, Dv, N);  // O += P V
       }
 
       T* oh = static_cast<T*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
@@ -190,7 +191,7 @@ void forward(const fm3_fwd_params& p) {
         const bool empty = row_sum[i] == 0.f;  // fully masked row: out 0, lse -inf
         const float inv = empty ? 0.f : 1.f / row_sum[i];
         T* dst = oh + (m0 + i) * p.o_row_stride;
-        for (int t = 0; t < D; ++t) dst[t] = from_float<T>(o[i * D + t] * inv);
+        for (int t = 0; t < Dv; ++t) dst[t] = from_float<T>(o[i * Dv + t] * inv);
         lse[m0 + i] = empty ? kNegInf : (row_max[i] + std::log2(row_sum[i])) * kLn2;
       }
     }
@@ -198,13 +199,13 @@ void forward(const fm3_fwd_params& p) {
 }
 
 // Recomputes P and dS = P * (dP - delta) for one tile; shared by both passes.
-// q[m][d] (unscaled), kt/vt[d][n], dout[m][d]; lse2 and delta per row.
+// q[m][D] (unscaled), kt[D][n], vt[Dv][n], dout[m][Dv]; lse2 and delta per row.
 struct TileGrad {
   std::vector<float> s, dp;
   explicit TileGrad(int bm, int bn) : s(bm * bn), dp(bm * bn) {}
 
   void compute(const float* q, const float* kt, const float* vt, const float* dout,
-               const float* lse2, const float* delta, int M, int N, int D, float scale_log2,
+               const float* lse2, const float* delta, int M, int N, int D, int Dv, float scale_log2,
                const MaskView& mask, TileClass cls, int m0, int n0) {
     gemm_abt(q, kt, M, N, D, s.data());
     for (int i = 0; i < M; ++i) {
@@ -217,7 +218,7 @@ struct TileGrad {
       exp2_shifted(si, N, lse2[i]);
     }
     if (cls == kPartial) mask.apply(s.data(), m0, M, n0, N, 0.f);
-    gemm_abt(dout, vt, M, N, D, dp.data());
+    gemm_abt(dout, vt, M, N, Dv, dp.data());  // dP = dO V^T, over v's columns
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) dp[i * N + j] = s[i * N + j] * (dp[i * N + j] - delta[i]);
   }
@@ -228,7 +229,7 @@ struct TileGrad {
 template <typename T>
 void backward(const fm3_bwd_params& bp) {
   const fm3_fwd_params& p = bp.fwd;
-  const int D = p.head_dim, BM = kCpuBlockM, BN = kCpuBlockN;
+  const int D = p.head_dim, Dv = p.head_dim_v, BM = kCpuBlockM, BN = kCpuBlockN;  // as in forward
   const int n_mtiles = ceil_div(p.seqlen_q, BM), n_nblocks = ceil_div(p.seqlen_k, BN);
   const Heads heads{p.num_heads / p.num_heads_k, p.num_heads, p.mask_heads};
   const MaskPlan plan(p.startend_row_indices, p.block_mask, p.batch, p.mask_heads, p.seqlen_q,
@@ -246,7 +247,7 @@ void backward(const fm3_bwd_params& bp) {
     const T* o = static_cast<const T*>(p.out) + off;
     const T* g = static_cast<const T*>(bp.dout) + off;
     double acc = 0.0;
-    for (int t = 0; t < D; ++t) acc += static_cast<double>(to_float(o[t])) * to_float(g[t]);
+    for (int t = 0; t < Dv; ++t) acc += static_cast<double>(to_float(o[t])) * to_float(g[t]);
     delta[r] = static_cast<float>(acc);
     lse2[r] = p.softmax_lse[r] * kLog2e;
   }
@@ -262,7 +263,7 @@ void backward(const fm3_bwd_params& bp) {
   const int64_t n_cols_work = static_cast<int64_t>(p.batch) * p.num_heads_k * n_nblocks;
 #pragma omp parallel
   {
-    std::vector<float> kt(D * BN), vt(D * BN), q(BM * D), g(BM * D), dk(BN * D), dv(BN * D), pt(BN * BM);
+    std::vector<float> kt(D * BN), vt(Dv * BN), q(BM * D), g(BM * Dv), dk(BN * D), dv(BN * Dv), pt(BN * BM);
     TileGrad tg(BM, BN);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < n_cols_work; ++w) {
@@ -272,7 +273,7 @@ void backward(const fm3_bwd_params& bp) {
       const T* kh = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
       const T* vh = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
       load_rows_t(kh, p.k_row_stride, n0, N, D, kt.data());
-      load_rows_t(vh, p.v_row_stride, n0, N, D, vt.data());
+      load_rows_t(vh, p.v_row_stride, n0, N, Dv, vt.data());
       std::fill(dk.begin(), dk.end(), 0.f);
       std::fill(dv.begin(), dv.end(), 0.f);
       for (int h = hk * heads.group; h < (hk + 1) * heads.group; ++h) {
@@ -282,23 +283,22 @@ void backward(const fm3_bwd_params& bp) {
           const TileClass cls = mask.classify(m0, m1, nb);
           if (cls == kFullyMasked) continue;
           load_rows(q_head(p.q, b, h), p.q_row_stride, m0, M, D, 1.f, q.data());
-          load_rows(o_head(bp.dout, b, h), p.o_row_stride, m0, M, D, 1.f, g.data());
+          load_rows(o_head(bp.dout, b, h), p.o_row_stride, m0, M, Dv, 1.f, g.data());
           const int64_t r0 = row_index(b, h, m0);
           tg.compute(q.data(), kt.data(), vt.data(), g.data(), lse2.data() + r0, delta.data() + r0,
-                     M, N, D, scale_log2, mask, cls, m0, n0);
+                     M, N, D, Dv, scale_log2, mask, cls, m0, n0);
           transpose(tg.p(), M, N, pt.data());
-          gemm_acc(pt.data(), M, g.data(), D, dv.data(), D, N, D, M);  // dV += P^T dO
+          gemm_acc(pt.data(), M, g.data(), Dv, dv.data(), Dv, N, Dv, M);  // dV += P^T dO
           transpose(tg.ds(), M, N, pt.data());
           gemm_acc(pt.data(), M, q.data(), D, dk.data(), D, N, D, M);  // dK += dS^T Q
         }
       }
       T* dkh = static_cast<T*>(bp.dk) + b * p.k_batch_stride + hk * p.k_head_stride;
       T* dvh = static_cast<T*>(bp.dv) + b * p.v_batch_stride + hk * p.v_head_stride;
-      for (int j = 0; j < N; ++j)
-        for (int t = 0; t < D; ++t) {
-          dkh[(n0 + j) * p.k_row_stride + t] = from_float<T>(dk[j * D + t] * scale);
-          dvh[(n0 + j) * p.v_row_stride + t] = from_float<T>(dv[j * D + t]);
-        }
+      for (int j = 0; j < N; ++j) {
+        for (int t = 0; t < D; ++t) dkh[(n0 + j) * p.k_row_stride + t] = from_float<T>(dk[j * D + t] * scale);
+        for (int t = 0; t < Dv; ++t) dvh[(n0 + j) * p.v_row_stride + t] = from_float<T>(dv[j * Dv + t]);
+      }
     }
   }
 
@@ -306,7 +306,7 @@ void backward(const fm3_bwd_params& bp) {
   const int64_t n_rows_work = static_cast<int64_t>(p.batch) * p.num_heads * n_mtiles;
 #pragma omp parallel
   {
-    std::vector<float> kt(D * BN), vt(D * BN), kr(BN * D), q(BM * D), g(BM * D), dq(BM * D);
+    std::vector<float> kt(D * BN), vt(Dv * BN), kr(BN * D), q(BM * D), g(BM * Dv), dq(BM * D);
     TileGrad tg(BM, BN);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < n_rows_work; ++w) {
@@ -317,7 +317,7 @@ void backward(const fm3_bwd_params& bp) {
       const T* kh = static_cast<const T*>(p.k) + b * p.k_batch_stride + heads.kv(h) * p.k_head_stride;
       const T* vh = static_cast<const T*>(p.v) + b * p.v_batch_stride + heads.kv(h) * p.v_head_stride;
       load_rows(q_head(p.q, b, h), p.q_row_stride, m0, M, D, 1.f, q.data());
-      load_rows(o_head(bp.dout, b, h), p.o_row_stride, m0, M, D, 1.f, g.data());
+      load_rows(o_head(bp.dout, b, h), p.o_row_stride, m0, M, Dv, 1.f, g.data());
       std::fill(dq.begin(), dq.end(), 0.f);
       const int64_t r0 = row_index(b, h, m0);
       for (int nb = 0; nb < n_nblocks; ++nb) {
@@ -325,10 +325,10 @@ void backward(const fm3_bwd_params& bp) {
         if (cls == kFullyMasked) continue;
         const int n0 = nb * BN, N = std::min(n0 + BN, p.seqlen_k) - n0;
         load_rows_t(kh, p.k_row_stride, n0, N, D, kt.data());
-        load_rows_t(vh, p.v_row_stride, n0, N, D, vt.data());
+        load_rows_t(vh, p.v_row_stride, n0, N, Dv, vt.data());
         load_rows(kh, p.k_row_stride, n0, N, D, 1.f, kr.data());
         tg.compute(q.data(), kt.data(), vt.data(), g.data(), lse2.data() + r0, delta.data() + r0,
-                   M, N, D, scale_log2, mask, cls, m0, n0);
+                   M, N, D, Dv, scale_log2, mask, cls, m0, n0);
         gemm_acc(tg.ds(), N, kr.data(), D, dq.data(), D, M, D, N);  // dQ += dS K
       }
       T* dqh = static_cast<T*>(bp.dq) + b * p.q_batch_stride + h * p.q_head_stride;
@@ -341,6 +341,12 @@ void backward(const fm3_bwd_params& bp) {
 int check(const fm3_fwd_params& p, char* err, size_t n) {
   if (p.head_dim < 1 || p.head_dim > kCpuMaxHeadDim) {
     std::snprintf(err, n, "head_dim must be in [1, %d], got %d", kCpuMaxHeadDim, p.head_dim);
+    return 1;
+  }
+  // Any value head dim in range: which (head_dim, head_dim_v) pairs the API accepts is its rule
+  // (paddle_fm3/_validation.py); the kernel itself computes any pair.
+  if (p.head_dim_v < 1 || p.head_dim_v > kCpuMaxHeadDim) {
+    std::snprintf(err, n, "head_dim_v must be in [1, %d], got %d", kCpuMaxHeadDim, p.head_dim_v);
     return 1;
   }
   if (p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0) {

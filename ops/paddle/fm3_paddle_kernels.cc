@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "fm3/params.h"
 #include "fm3_ops_generated.h"
@@ -54,20 +55,29 @@ void strides_of(const paddle::Tensor& t, int64_t* batch, int64_t* row, int64_t* 
   *batch = s[1] * s[2] * s[3];
 }
 
+// out (and out_grad): [batch, seqlen_q, num_heads, head_dim_v], v's head dim (MLA: 128 with q's 192).
+std::vector<int64_t> out_shape_of(const paddle::Tensor& q, const paddle::Tensor& v) {
+  PD_CHECK(q.shape().size() == 4 && v.shape().size() == 4, "q, k, v must be 4-D");
+  return {q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]};
+}
+
 fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
                            const paddle::Tensor& sri, const paddle::optional<paddle::Tensor>& block_mask,
                            const paddle::Tensor& out, paddle::Tensor* lse, float softmax_scale, bool causal) {
   PD_CHECK(q.shape().size() == 4 && k.shape().size() == 4 && v.shape().size() == 4, "q, k, v must be 4-D");
   PD_CHECK(sri.dtype() == paddle::DataType::INT32 && sri.shape().size() == 4,
            "startend_row_indices must be int32 [B, H_mask, S_k, C]");
-  const auto &qs = q.shape(), &ks = k.shape(), &ss = sri.shape();
-  const int64_t B = qs[0], H = qs[2], D = qs[3], Sk = ks[1], Hk = ks[2];
-  for (int64_t d : {qs[0], qs[1], qs[2], qs[3], ks[2], ss[1], ss[3]})
+  const auto &qs = q.shape(), &ks = k.shape(), &vs = v.shape(), &ss = sri.shape();
+  const int64_t B = qs[0], H = qs[2], D = qs[3], Sk = ks[1], Hk = ks[2], Dv = vs[3];
+  for (int64_t d : {qs[0], qs[1], qs[2], qs[3], ks[2], vs[3], ss[1], ss[3]})
     FM3_CHECK_ARG(d >= 1 && d <= INT32_MAX, "q, k, v and startend_row_indices dimensions must be in [1, 2^31 - 1] "
              "(seqlen_k may be 0)");
   FM3_CHECK_ARG(Sk >= 0 && Sk <= INT32_MAX, "seqlen_k must be in [0, 2^31 - 1]");
-  FM3_CHECK_ARG(ks[0] == B && ks[3] == D && v.shape() == ks, "k and v must have shape [batch, seqlen_k, num_heads_k, head_dim] "
-           "with q's batch and head_dim");
+  // v may have its own head dim (MLA); which pairs are accepted is the Python API's rule.
+  FM3_CHECK_ARG(ks[0] == B && ks[3] == D && vs[0] == B && vs[1] == Sk && vs[2] == Hk,
+                "k must have shape [batch, seqlen_k, num_heads_k, head_dim] with q's batch and head_dim, and v "
+                "[batch, seqlen_k, num_heads_k, head_dim_v]");
+  FM3_CHECK_ARG(out.shape() == out_shape_of(q, v), "out must have shape [batch, seqlen_q, num_heads, head_dim_v]");
   FM3_CHECK_ARG(H % Hk == 0, "num_heads must be a multiple of num_heads_k");
   char err[256] = {0};
   FM3_CHECK_ARG(fm3_check_mask_shape(ss.data(), B, Sk, H, Hk, causal ? 1 : 0, err, sizeof(err)) == 0, err);
@@ -88,11 +98,12 @@ fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, con
   strides_of(q, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
   strides_of(k, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
   strides_of(v, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
-  strides_of(q, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
+  strides_of(out, &p.o_batch_stride, &p.o_row_stride, &p.o_head_stride);
   p.batch = static_cast<int>(q.shape()[0]);
   p.seqlen_q = static_cast<int>(q.shape()[1]);
   p.num_heads = static_cast<int>(q.shape()[2]);
   p.head_dim = static_cast<int>(q.shape()[3]);
+  p.head_dim_v = static_cast<int>(Dv);
   p.seqlen_k = static_cast<int>(k.shape()[1]);
   p.num_heads_k = static_cast<int>(k.shape()[2]);
   p.mask_heads = static_cast<int>(sri.shape()[1]);
@@ -167,7 +178,8 @@ std::vector<paddle::Tensor> FlashmaskAttentionForward(const paddle::Tensor& q, c
                                                       const paddle::optional<paddle::Tensor>& block_mask,
                                                       float softmax_scale, bool causal,
                                                       bool /*deterministic: for the backward*/) {
-  auto out = new_output(q.shape(), q.dtype(), q.place());
+  // out has v's head dim: [batch, seqlen_q, num_heads, head_dim_v].
+  auto out = new_output(out_shape_of(q, v), q.dtype(), q.place());
   auto lse = new_output({q.shape()[0], q.shape()[2], q.shape()[1]}, paddle::DataType::FLOAT32, q.place());
   if (q.numel() == 0) return {out, lse};
   check_same_place(q, {{"k", &k}, {"v", &v}, {"startend_row_indices", &startend_row_indices},
@@ -201,14 +213,15 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
   // A second backward through a graph that the first one freed does not get the forward's saved
   // tensors back (Paddle 3.3 hands other tensors in their places, e.g. a float one for the mask).
   FM3_CHECK_ARG(startend_row_indices.dtype() == paddle::DataType::INT32 &&
-                    softmax_lse.dtype() == paddle::DataType::FLOAT32 && out.shape() == q.shape(),
+                    softmax_lse.dtype() == paddle::DataType::FLOAT32 && out.shape() == out_shape_of(q, v),
                 "the backward of fm3_flashmask_attention did not get the tensors its forward saved, as on a "
                 "second backward through a graph that an earlier backward freed: to go through the graph "
                 "twice, run the first backward with retain_graph=True");
   auto dq = new_output(q.shape(), q.dtype(), q.place());
   auto dk = new_output(k.shape(), k.dtype(), k.place());
   auto dv = new_output(v.shape(), v.dtype(), v.place());
-  PD_CHECK(out_grad.dtype() == q.dtype() && out_grad.shape() == q.shape(), "out_grad must match q's shape and dtype");
+  PD_CHECK(out_grad.dtype() == q.dtype() && out_grad.shape() == out.shape(),
+           "out_grad must have out's shape [batch, seqlen_q, num_heads, head_dim_v] and q's dtype");
   PD_CHECK(softmax_lse.dtype() == paddle::DataType::FLOAT32, "softmax_lse must be float32");
   check_same_place(q, {{"k", &k}, {"v", &v}, {"startend_row_indices", &startend_row_indices},
                        {"block_mask", block_mask ? &*block_mask : nullptr}, {"out", &out},

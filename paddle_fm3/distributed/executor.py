@@ -71,7 +71,7 @@ _BACKEND = PaddleAttention()
 
 
 def _lse_merge(o1, l1, o2, l2):
-    """Merge two partial attention results. o: fp32 [B, L, H, D]; l: fp32 [B, H, L] (natural log,
+    """Merge two partial attention results. o: fp32 [B, L, H, D_v]; l: fp32 [B, H, L] (natural log,
     -inf where a row saw nothing). Returns the merged (o, l)."""
     mx = paddle.maximum(l1, l2)
     none = paddle.isinf(mx)  # both -inf: the row has seen no key yet
@@ -102,7 +102,7 @@ class _CPAttention(PyLayer):
         dout = dout.astype(q.dtype).contiguous()
         dq, dkv = step.backward(ctx.plan, _BACKEND, q, k, v, out, lse, dout, ctx.remote, ctx.scale)
         ctx.remote = None
-        d = k.shape[-1]
+        d = k.shape[-1]  # dkv: dK's d columns, then dV's (v's head dim)
         return dq.astype(q.dtype), dkv[..., :d].astype(k.dtype), dkv[..., d:].astype(v.dtype)
 
 
@@ -111,14 +111,16 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
 
     Args:
         q_local: ``[batch, S/P, num_heads, head_dim]``: ``plan.dispatch(q)``.
-        k_local, v_local: ``[batch, S/P, num_heads_k, head_dim]``: ``plan.dispatch(k)``, ``plan.dispatch(v)``.
+        k_local, v_local: ``[batch, S/P, num_heads_k, head_dim]`` and ``[batch, S/P, num_heads_k,
+            head_dim_v]``: ``plan.dispatch(k)``, ``plan.dispatch(v)``; head dims as in
+            :func:`paddle_fm3.flashmask_attention` (``head_dim_v`` differs for MLA's 192 / 128).
         plan: from :func:`make_cp_plan` (the mask is in the plan).
         softmax_scale: default ``head_dim ** -0.5``.
         return_softmax_lse: also return the fp32 ``[batch, num_heads, S/P]`` log-sum-exp of the
             local rows (natural log; -inf on fully masked rows). It carries no gradient.
 
     Returns:
-        ``out`` (``[batch, S/P, num_heads, head_dim]``, dtype of ``q_local``), or ``[out, lse]``;
+        ``out`` (``[batch, S/P, num_heads, head_dim_v]``, dtype of ``q_local``), or ``[out, lse]``;
         ``plan.undispatch(out)`` equals single-process ``flashmask_attention`` on the global
         sequence, and so do the gradients (through ``dispatch``).
 

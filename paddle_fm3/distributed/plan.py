@@ -332,7 +332,7 @@ class CPPlan:
     def stats(self, bytes_per_token: Optional[int] = None) -> dict:
         """Load balance and communication of the layout (same numbers on every rank).
 
-        ``bytes_per_token``: KV bytes per token (``2 * num_heads_k * head_dim * itemsize * batch``)
+        ``bytes_per_token``: KV bytes per token (``num_heads_k * (head_dim + head_dim_v) * itemsize * batch``)
         to report bytes; otherwise volumes are in tokens.
         """
         if bytes_per_token is not None:

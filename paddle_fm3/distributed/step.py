@@ -32,7 +32,8 @@ __all__ = ["AttentionBackend", "forward", "backward"]
 class AttentionBackend(abc.ABC):
     """The kernels and the few tensor operations a CP step needs, in one framework.
 
-    Shapes: ``q, out, dout`` ``[B, L, H, D]``; ``k, v`` ``[B, L_k, H_k, D]``; ``lse`` fp32
+    Shapes: ``q`` ``[B, L, H, D]``, ``k`` ``[B, L_k, H_k, D]``; ``v`` ``[B, L_k, H_k, D_v]``, ``out, dout``
+    ``[B, L, H, D_v]`` (``D_v``: value's head dim, ``D`` but for MLA's 192 / 128); ``lse`` fp32
     ``[B, H, L]`` (natural log, -inf on rows that see no key). ``name`` keys the plan's cache of
     prepared masks (two backends with the same name must prepare masks the same way).
     """
@@ -98,7 +99,7 @@ def forward(plan, backend: AttentionBackend, q, k, v, scale: float, comm=None):
 
     Args:
         plan: the rank's :class:`~.plan.CPPlan`; ``comm`` (default ``plan.comm``) carries its exchange.
-        q, k, v: the rank's rows (``plan.dispatch`` order), ``[B, L, H(_k), D]``.
+        q, k, v: the rank's rows (``plan.dispatch`` order), ``[B, L, H(_k), D]`` (v: ``D_v``).
 
     Returns:
         ``(out, lse, remote)``: out in q's dtype, lse fp32 ``[B, H, L]`` and ``remote``, the received
@@ -107,10 +108,11 @@ def forward(plan, backend: AttentionBackend, q, k, v, scale: float, comm=None):
     comm = plan.comm if comm is None else comm
     lay = plan.layout
     b, _, hk, d = k.shape
+    dv = v.shape[-1]  # K and V travel packed on the last axis: d + dv columns (MLA: 192 + 128)
     c = lay.segment_size
     sends = [(p, backend.take_rows(backend.cat_last(k, v), backend.index(plan.send_rows(p), k)))
              for p in plan.send_peers]
-    recvs = [(p, backend.empty([b, len(lay.recv[plan.rank][p]) * c, hk, 2 * d], k)) for p in plan.recv_peers]
+    recvs = [(p, backend.empty([b, len(lay.recv[plan.rank][p]) * c, hk, d + dv], k)) for p in plan.recv_peers]
     pending = comm.exchange(sends, recvs) if lay.any_exchange else None
     out, lse = backend.fwd(q, k, v, plan.prepared_mask(backend, "local"), scale)
     acc = backend.f32(out)
@@ -130,7 +132,7 @@ def backward(plan, backend: AttentionBackend, q, k, v, out, lse, dout, remote: L
     """This rank's CP attention backward (the mirror of :func:`forward`, whose outputs it takes).
 
     Returns:
-        ``(dq, dkv)``: fp32 ``[B, L, H, D]`` and fp32 ``[B, L, H_k, 2D]`` (dK and dV of the rank's
+        ``(dq, dkv)``: fp32 ``[B, L, H, D]`` and fp32 ``[B, L, H_k, D + D_v]`` (dK and dV of the rank's
         keys, concatenated on the last axis, including the partials its peers sent back).
     """
     comm = plan.comm if comm is None else comm
@@ -143,7 +145,7 @@ def backward(plan, backend: AttentionBackend, q, k, v, out, lse, dout, remote: L
         grad_sends.append((p, backend.cat_last(backend.f32(dk_p), backend.f32(dv_p))))
     b, _, hk, d = k.shape
     c = lay.segment_size
-    grad_recvs = [(p, backend.empty([b, len(lay.recv[p][plan.rank]) * c, hk, 2 * d], k, float32=True))
+    grad_recvs = [(p, backend.empty([b, len(lay.recv[p][plan.rank]) * c, hk, d + v.shape[-1]], k, float32=True))
                   for p in plan.send_peers]
     pending = comm.exchange(grad_sends, grad_recvs) if lay.any_exchange else None
     dq_l, dk_l, dv_l = backend.bwd(q, k, v, out, lse, dout, plan.prepared_mask(backend, "local"), scale)

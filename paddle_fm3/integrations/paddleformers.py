@@ -10,6 +10,16 @@ Afterwards every PaddleFormers model whose ``config._attn_implementation`` is ``
 which also runs on CPU tensors. PaddleFormers selects the attention function at call time by
 that name in its ``AttentionInterface``; ``install`` registers ours under both names there
 (the class-wide mapping, so every instance sees it), ``uninstall`` restores PaddleFormers' own.
+
+The two names differ in the softmax scale, as PaddleFormers' models are written for them:
+
+- ``"flashmask"`` (:func:`flashmask_attention_forward`) is a drop-in for PaddleFormers' own
+  flashmask function, which ignores ``scaling`` (Paddle's default ``head_dim ** -0.5``): models
+  that need another scale fold it into the query for that name. DeepSeek-V3 (MLA) does, and also
+  zero-pads value from 128 to the query's 192 columns for it (and slices the output back), so
+  under this name its calls arrive as 192 / 192.
+- ``"fm3"`` (:func:`attention_forward`) applies ``scaling``; models take no flashmask-specific
+  path for it, so DeepSeek-V3's calls arrive as they are: q, k 192, v 128, computed as MLA.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import paddle
 
 from ..api import flashmask_attention
 
-NAMES = ("flashmask", "fm3")
+NAMES = ("flashmask", "fm3")  # the functions registered under them: _functions()
 _saved: dict = {}  # name -> PaddleFormers' function (None: the name was not registered), while installed
 
 
@@ -34,12 +44,15 @@ def _interface():
 def attention_forward(module, query, key, value, attention_mask=None, dropout: float = 0.0, sink=None,
                       scaling: float | None = None, is_causal: bool | None = None,
                       attn_mask_startend_row_indices=None, **kwargs):
-    """PaddleFormers attention function (the ``AttentionInterface`` signature) on paddle_fm3.
+    """PaddleFormers attention function (the ``AttentionInterface`` signature) on paddle_fm3;
+    registered as ``"fm3"``.
 
     Args:
         module: the calling attention layer (``is_causal`` attribute read as in PaddleFormers).
-        query: ``[batch, num_heads, seqlen_q, head_dim]``; key, value:
-            ``[batch, num_kv_heads, seqlen_k, head_dim]`` (PaddleFormers' layout).
+        query: ``[batch, num_heads, seqlen_q, head_dim]``; key: ``[batch, num_kv_heads, seqlen_k,
+            head_dim]``; value: ``[batch, num_kv_heads, seqlen_k, head_dim_v]`` (PaddleFormers'
+            layout; ``head_dim_v`` as :func:`paddle_fm3.flashmask_attention` accepts it, e.g.
+            DeepSeek-V3's 128 under 192).
         attention_mask: must be None: paddle_fm3 takes its masks as
             ``attn_mask_startend_row_indices``.
         dropout: must be 0 (no attention dropout in paddle_fm3).
@@ -52,19 +65,37 @@ def attention_forward(module, query, key, value, attention_mask=None, dropout: f
             ``[batch, H_mask, seqlen_k]`` for C=1); None = plain causal attention.
 
     Returns:
-        ``(out [batch, seqlen_q, num_heads * head_dim], None)``.
+        ``(out [batch, seqlen_q, num_heads * head_dim_v], None)``.
 
     Raises:
         ValueError: a dense ``attention_mask`` without ``attn_mask_startend_row_indices``.
         NotImplementedError: ``dropout > 0``.
         TypeError / ValueError: from ``paddle_fm3.flashmask_attention``'s checks.
     """
+    return _forward(module, query, key, value, attention_mask, dropout, sink, scaling, is_causal,
+                    attn_mask_startend_row_indices, scale=scaling, **kwargs)
+
+
+def flashmask_attention_forward(module, query, key, value, attn_mask_startend_row_indices=None,
+                                dropout: float = 0.0, sink=None, scaling: float | None = None,
+                                is_causal: bool | None = None, attention_mask=None, **kwargs):
+    """:func:`attention_forward` with the contract of PaddleFormers' own flashmask function, which
+    it replaces as ``"flashmask"`` (same signature): without ``sink``, ``scaling`` is not applied
+    (Paddle's default ``head_dim ** -0.5``). DeepSeek-V3 relies on it: for this name it multiplies
+    the query by ``scaling * sqrt(head_dim)`` itself and passes that factor as ``scaling``, so
+    applying it too would scale the scores twice. Arguments and result as there."""
+    return _forward(module, query, key, value, attention_mask, dropout, sink, scaling, is_causal,
+                    attn_mask_startend_row_indices, scale=None, **kwargs)
+
+
+def _forward(module, query, key, value, attention_mask, dropout, sink, scaling, is_causal,
+             attn_mask_startend_row_indices, *, scale, **kwargs):
+    """Both names' work; ``scale`` is the softmax scale applied (None: the default)."""
     sri = attn_mask_startend_row_indices
     if sink is not None:
-        from paddleformers.nn.attention.flashmask_attention import flashmask_attention_forward
+        from paddleformers.nn.attention.flashmask_attention import flashmask_attention_forward as pf_flashmask
 
-        return flashmask_attention_forward(module, query, key, value, sri, dropout, sink, scaling, is_causal,
-                                           **kwargs)
+        return pf_flashmask(module, query, key, value, sri, dropout, sink, scaling, is_causal, **kwargs)
     if sri is None and attention_mask is not None:
         raise ValueError("paddle_fm3 takes masks as attn_mask_startend_row_indices, not a dense "
                          "attention_mask: pass attn_mask_startend_row_indices (paddle_fm3.masks builds "
@@ -84,12 +115,17 @@ def attention_forward(module, query, key, value, attention_mask=None, dropout: f
         is_causal = query.shape[2] > 1 and getattr(module, "is_causal", True)
     out = flashmask_attention(query.transpose([0, 2, 1, 3]), key.transpose([0, 2, 1, 3]),
                               value.transpose([0, 2, 1, 3]), sri,
-                              causal=True if is_causal is None else bool(is_causal), softmax_scale=scaling)
+                              causal=True if is_causal is None else bool(is_causal), softmax_scale=scale)
     return paddle.reshape(out, [0, 0, out.shape[2] * out.shape[3]]), None
 
 
+def _functions() -> dict:
+    return {"flashmask": flashmask_attention_forward, "fm3": attention_forward}
+
+
 def install() -> None:
-    """Register ``attention_forward`` as PaddleFormers' ``"flashmask"`` and ``"fm3"`` attention.
+    """Register :func:`flashmask_attention_forward` as PaddleFormers' ``"flashmask"`` attention and
+    :func:`attention_forward` as ``"fm3"``.
 
     Idempotent. Works whether PaddleFormers was imported before or after (it imports
     PaddleFormers' attention interface itself; models look the function up at call time).
@@ -99,10 +135,10 @@ def install() -> None:
     """
     interface = _interface()
     mapping = interface._global_mapping  # noqa: SLF001 - what AttentionInterface.register writes
-    for name in NAMES:
-        if mapping.get(name) is not attention_forward:
+    for name, fn in _functions().items():
+        if mapping.get(name) is not fn:
             _saved[name] = mapping.get(name)
-            interface.register(name, attention_forward)
+            interface.register(name, fn)
 
 
 def uninstall() -> None:
@@ -112,7 +148,7 @@ def uninstall() -> None:
         return
     mapping = _interface()._global_mapping  # noqa: SLF001
     for name, original in list(_saved.items()):
-        if mapping.get(name) is attention_forward:
+        if mapping.get(name) is _functions()[name]:
             if original is None:
                 del mapping[name]
             else:
@@ -122,4 +158,4 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     """Whether PaddleFormers' ``"flashmask"`` attention is currently paddle_fm3's."""
-    return bool(_saved) and _interface()._global_mapping.get("flashmask") is attention_forward  # noqa: SLF001
+    return bool(_saved) and _interface()._global_mapping.get("flashmask") is flashmask_attention_forward  # noqa: SLF001

@@ -37,16 +37,18 @@ def idle(plan) -> bool:
     return not plan.recv_peers and not plan.send_peers
 
 
-def run_case(name, sri, causal, *, heads=(2, 1, 16), batch=1, seg=32, plan=None, seed=0):
-    """One CP forward + backward of ``sri`` against single-process attention; returns the record."""
+def run_case(name, sri, causal, *, heads=(2, 1, 16), batch=1, seg=32, plan=None, seed=0, head_dim_v=None):
+    """One CP forward + backward of ``sri`` against single-process attention; returns the record.
+    ``head_dim_v``: value's head dim when it differs from ``heads``' (MLA's 128 under 192)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     h, hk, d = heads
+    dv = d if head_dim_v is None else head_dim_v
     s = sri.shape[2]
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((batch, s, h, d)).astype(np.float32)
     k = rng.standard_normal((batch, s, hk, d)).astype(np.float32)
-    v = rng.standard_normal((batch, s, hk, d)).astype(np.float32)
-    do = rng.standard_normal((batch, s, h, d)).astype(np.float32)
+    v = rng.standard_normal((batch, s, hk, dv)).astype(np.float32)
+    do = rng.standard_normal((batch, s, h, dv)).astype(np.float32)
     # single process
     qs, ks, vs = t(q, True), t(k, True), t(v, True)
     out_s, lse_s = paddle_fm3.flashmask_attention(qs, ks, vs, paddle.to_tensor(sri), causal=causal,
@@ -77,6 +79,8 @@ def run_case(name, sri, causal, *, heads=(2, 1, 16), batch=1, seg=32, plan=None,
         "out64_cp": rel(out_g, ref_out), "out64_single": rel(out_s.numpy(), ref_out),
         "dq64_cp": rel(ql.grad.numpy(), disp(ref_dq)), "dq64_single": rel(qs.grad.numpy(), ref_dq),
         "dk64_cp": rel(kl.grad.numpy(), disp(ref_dk)), "dk64_single": rel(ks.grad.numpy(), ref_dk),
+        "dv64_cp": rel(vl.grad.numpy(), disp(ref_dv)), "dv64_single": rel(vs.grad.numpy(), ref_dv),
+        "out_shape": list(out_l.shape), "dv_shape": list(vl.grad.shape),
         "nan": bool(any(np.isnan(x).any() for x in (out_l.numpy(), ql.grad.numpy(), kl.grad.numpy(),
                                                     vl.grad.numpy()))),
         "recv_peers": len(plan.recv_peers), "send_peers": len(plan.send_peers), "idle": idle(plan),

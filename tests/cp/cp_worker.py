@@ -29,8 +29,9 @@ H, HK, D = 2, 1, 16
 results = []
 
 
-def run_case(name, sri, causal, *, batch=1, seg=SEG, plan=None, seed=0):
-    results.append(_run_case(name, sri, causal, heads=(H, HK, D), batch=batch, seg=seg, plan=plan, seed=seed))
+def run_case(name, sri, causal, *, batch=1, seg=SEG, plan=None, seed=0, heads=(H, HK, D), head_dim_v=None):
+    results.append(_run_case(name, sri, causal, heads=heads, batch=batch, seg=seg, plan=plan, seed=seed,
+                             head_dim_v=head_dim_v))
 
 
 def guarded(name, fn):
@@ -54,6 +55,15 @@ guarded("receives_nothing", lambda: run_case("receives_nothing", fm.startend_row
 # balance, some rank holds only fully masked query rows
 sri = np.stack([np.full(S, S), np.full(S, S - SEG)], -1).astype(np.int32)[None, None]
 guarded("all_masked_rank", lambda: run_case("all_masked_rank", sri, False))
+
+# MLA (DeepSeek-V3): q, k 192 columns, v and out 128, so the packed KV messages and dK/dV
+# partials are 192 + 128 wide; GQA, causal and bidirectional masks with remote KV
+fm = masks.causal_document([70, 120, 66], S)
+guarded("mla_causal_document", lambda: run_case("mla_causal_document", fm.startend_row_indices, True,
+                                                heads=(2, 1, 192), head_dim_v=128))
+fm = masks.FAMILIES["global_sliding_window"](S, rng)  # bidirectional, C = 4
+guarded("mla_global_sliding_window", lambda: run_case("mla_global_sliding_window", fm.startend_row_indices,
+                                                      fm.causal, heads=(2, 2, 192), head_dim_v=128))
 
 # documents not dividing by the segment size, larger segments
 fm = masks.causal_document([13, 50, 77, 3, 113], S)
