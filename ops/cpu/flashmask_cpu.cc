@@ -101,7 +101,8 @@ struct MaskPlan {
            int seqlen_k, int mask_cols, bool causal, int block_n)
       : mask_heads(mask_heads_) {
     const int nb = ceil_div(seqlen_k, block_n);
-    const int bm_rows = static_cast<int>(block_mask_blocks(seqlen_q)), bm_cols = static_cast<int>(block_mask_blocks(seqlen_k));
+    const int bm_rows = static_cast<int>(block_mask_blocks(seqlen_q));
+    const int bm_cols = static_cast<int>(block_mask_blocks(seqlen_k));
     blocks.assign(static_cast<size_t>(batch) * mask_heads * nb, empty_summary());
     for (int bh = 0; bh < batch * mask_heads; ++bh) {
       const int32_t* col0 = sri + static_cast<int64_t>(bh) * seqlen_k * mask_cols;
