@@ -203,7 +203,7 @@ def test_block_mask_shape_checked_alike_in_python_and_c():
     out, _ = ops.fm3_flashmask_attention(q, k, k, sri, good, 0.25, True, False)
     assert not bool(paddle.isnan(out).any())
     bad = paddle.ones([1, 1, 1, 3], "int32")
-    with pytest.raises(ValueError, match=r"ceil\(seqlen_q/128\)\] = \[1, 1, 2, 3\]"):
+    with pytest.raises(ValueError, match=r"ceil\(seqlen_k/128\)\] = \[1, 1, 2, 3\], got \[1, 1, 1, 3\]"):
         _validation.check_block_mask(bad, sri, q, k)
     with pytest.raises(ValueError, match=r"block_mask must be int32 \[batch, mask_heads, ceil\(seqlen_q / 128\)"):
         ops.fm3_flashmask_attention(q, k, k, sri, bad, 0.25, True, False)
