@@ -5,10 +5,9 @@ Every tensor argument is any object implementing ``__dlpack__`` (torch, paddle, 
 The compiled pieces are ``libfm3_cuda.so`` (the kernels behind the C ABI of
 ``ops/hopper/fm3_cuda.h``) and the pybind11 module ``_fm3_dlpack`` beside this file, built by
 ``scripts/gpu_build.sh`` and ``scripts/build_dlpack_ext.sh``. The module also carries the CPU
-kernel of CP planning (called by :func:`paddle_fm3.distributed.plan.segment_workload`), which runs without a GPU.
-Importing this package needs
-neither Paddle nor the compiled module; calling a kernel needs the module (else ``ImportError``
-saying how to build it).
+kernel of CP planning, which runs without a GPU (its entry: :func:`paddle_fm3.distributed.plan.segment_workload`).
+Importing this package needs neither Paddle nor the compiled module; calling a kernel needs the
+module (else ``ImportError`` saying how to build it).
 
 Algorithm: FlashAttention-2 online softmax (Dao, 2023) with FlashMask block skipping
 (Wang et al., arXiv:2410.01359, section 4).
