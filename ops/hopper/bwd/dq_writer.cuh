@@ -141,9 +141,10 @@ __global__ void __launch_bounds__(128)
   const int m0 = static_cast<int>(i % n_mtiles) * kTileM;
   const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
   int nb = 0;
-  const int causal_offset = causal_offset_of(a.seqlen_q, a.seqlen_k);
   for (; nb < n_kblocks; ++nb)
-    if (bwd::adds_to_tile(a, bhm, bm, m0, kTileM, nb, kTileN, n_kblocks, causal_offset)) break;
+    if (bwd::adds_to_tile(a, bhm, bm, m0, kTileM, nb, kTileN, n_kblocks,
+                          causal_offset_of(a.seqlen_q, a.seqlen_k)))
+      break;
   a.dq_chain_start[i] = nb;
 }
 
