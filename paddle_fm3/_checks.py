@@ -20,6 +20,21 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: The last dimension C of ``startend_row_indices`` allowed with each ``causal`` flag.
 VALID_MASK_COLS = {True: (1, 2), False: (2, 4)}
 
+#: Side of the square blocks that ``block_mask`` addresses (fm3::kBlockMaskSize in mask.h, the C/C++ home).
+BLOCK_MASK_SIZE = 128
+
+
+def block_mask_blocks(seqlen: int) -> int:
+    """``block_mask``'s blocks along ``seqlen`` rows or columns: its shape is
+    ``[batch, mask_heads, block_mask_blocks(seqlen_q), block_mask_blocks(seqlen_k)]``."""
+    return -(-seqlen // BLOCK_MASK_SIZE)
+
+
+def causal_offset(seqlen_q: int, seqlen_k: int) -> int:
+    """Bottom-right aligned causality: key ``j`` is visible to row ``i`` iff
+    ``j <= i + causal_offset(seqlen_q, seqlen_k)`` (fm3::causal_offset_of)."""
+    return seqlen_k - seqlen_q
+
 
 def is_int(x) -> bool:
     """An integer that is not a bool."""

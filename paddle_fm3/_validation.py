@@ -7,7 +7,7 @@ import math
 
 import paddle
 
-from ._checks import FLOAT32_MAX, LOG2E
+from ._checks import FLOAT32_MAX, LOG2E, block_mask_blocks
 from ._checks import check_bool, check_head_dims, check_mask_cols, check_softmax_scale, normalize_window_size  # noqa: F401
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
@@ -96,7 +96,7 @@ def check_block_mask(block_mask, sri, q, k) -> None:
     if block_mask.dtype != paddle.int32:
         raise TypeError(f"block_mask must be int32, got {block_mask.dtype}")
     b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
-    want = [b, sri.shape[1], (sq + 127) // 128, (sk + 127) // 128]
+    want = [b, sri.shape[1], block_mask_blocks(sq), block_mask_blocks(sk)]
     got = list(block_mask.shape)
     if any(_known(w) and _known(g) and w != g for w, g in zip(want, got)):
         raise ValueError(f"block_mask must have shape [batch, mask_heads, ceil(seqlen_q/128), "

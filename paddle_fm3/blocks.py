@@ -53,7 +53,8 @@ def block_classify(startend_row_indices: np.ndarray | paddle.Tensor, *, causal: 
     sri = paddle.to_tensor(np.ascontiguousarray(arr, dtype=np.int32), place=paddle.CPUPlace())
     if block_mask is not None:
         bm = block_mask.numpy() if isinstance(block_mask, paddle.Tensor) else np.asarray(block_mask)
-        want = (arr.shape[0], arr.shape[1], -(-int(seqlen_q) // 128), -(-arr.shape[2] // 128))
+        want = (arr.shape[0], arr.shape[1], _checks.block_mask_blocks(int(seqlen_q)),
+                _checks.block_mask_blocks(arr.shape[2]))
         if bm.shape != want:
             raise ValueError(f"block_mask must have shape [batch, mask_heads, ceil(seqlen_q/128), "
                              f"ceil(seqlen_k/128)] = {list(want)}, got {list(bm.shape)}")

@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from ._checks import MAX_SEQLEN, check_bool, check_int, check_mask_cols
+from ._checks import MAX_SEQLEN, causal_offset, check_bool, check_int, check_mask_cols
 
 __all__ = ["FlashMask", "validate_startend_row_indices", "column_bounds", "to_dense", "from_dense", "density"]
 
@@ -91,7 +91,7 @@ def validate_startend_row_indices(startend_row_indices, causal: bool, seqlen_q: 
 
 def _causal_first_row(sq: int, sk: int) -> np.ndarray:
     """First query row allowed by bottom-right aligned causality, per key column ([S_k])."""
-    return np.clip(np.arange(sk, dtype=np.int64) - (sk - sq), 0, sq)
+    return np.clip(np.arange(sk, dtype=np.int64) - causal_offset(sq, sk), 0, sq)
 
 
 def column_bounds(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None) -> np.ndarray:

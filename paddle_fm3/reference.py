@@ -24,11 +24,10 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from . import _checks
 from . import masks as _masks
 
 __all__ = ["attention_forward", "attention_backward", "dense_visibility"]
-
-BLOCK_MASK_BLOCK = 128
 
 
 def _as_float_array(name: str, x, ndim: int) -> np.ndarray:
@@ -73,7 +72,7 @@ def dense_visibility(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
         if causal:
             i = np.arange(seqlen_q)[:, None]
             j = np.arange(seqlen_k)[None, :]
-            vis &= (j <= i + (seqlen_k - seqlen_q))[None, None]
+            vis &= (j <= i + _checks.causal_offset(seqlen_q, seqlen_k))[None, None]
     else:
         sri = np.asarray(startend_row_indices)
         if sri.ndim != 4:
@@ -88,8 +87,7 @@ def dense_visibility(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
         bm = np.asarray(block_mask)
         if bm.dtype != np.bool_ and not np.issubdtype(bm.dtype, np.integer):
             raise TypeError(f"block_mask must be an integer (int32) array, got dtype {bm.dtype}")
-        nq = -(-seqlen_q // BLOCK_MASK_BLOCK)
-        nk = -(-seqlen_k // BLOCK_MASK_BLOCK)
+        nq, nk = _checks.block_mask_blocks(seqlen_q), _checks.block_mask_blocks(seqlen_k)
         if bm.ndim != 4 or bm.shape[0] != batch or bm.shape[2] != nq or bm.shape[3] != nk:
             raise ValueError(f"block_mask must have shape [batch={batch}, H_mask, ceil(S_q/128)={nq}, "
                              f"ceil(S_k/128)={nk}], got {bm.shape}")
@@ -98,7 +96,8 @@ def dense_visibility(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
                              f"{np.shape(startend_row_indices)[1]}, got {bm.shape[1]}")
         if bm.size and not np.isin(bm, (0, 1)).all():
             raise ValueError("block_mask values must be 0 (masked) or 1 (kept)")
-        keep = np.repeat(np.repeat(bm.astype(bool), BLOCK_MASK_BLOCK, axis=2), BLOCK_MASK_BLOCK, axis=3)
+        side = _checks.BLOCK_MASK_SIZE
+        keep = np.repeat(np.repeat(bm.astype(bool), side, axis=2), side, axis=3)
         keep = keep[:, :, :seqlen_q, :seqlen_k]
         vis = vis & _expand_heads(keep, num_heads, num_heads_k, "block_mask")
     return np.broadcast_to(vis, (batch, num_heads, seqlen_q, seqlen_k))

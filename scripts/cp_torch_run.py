@@ -66,15 +66,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cp_rank_compute as crc  # noqa: E402  (also puts this checkout on sys.path when needed)
 from paddle_fm3 import masks  # noqa: E402
 from paddle_fm3.distributed import step  # noqa: E402
+from paddle_fm3.distributed.backends.torch import HopperBackend, ReferenceBackend, lse_merge  # noqa: E402
 from paddle_fm3.distributed.comm import Communicator, Pending  # noqa: E402
 from paddle_fm3.distributed.plan import CPPlan  # noqa: E402
 
 SCHEMES = ("ours", "zigzag", "allgather")
 MODES = ("step", "compute", "comm")
 DEFAULT_FAMILIES = ["causal_document", "document", "share_question", "causal"]
-
-
-HopperBackend, ReferenceBackend = crc.HopperBackend, crc.ReferenceBackend  # step.AttentionBackend in torch
 
 
 # ---- the schemes ---------------------------------------------------------------------------
@@ -129,7 +127,7 @@ class Scheme:
         return self.ctx.backend.mask(m, False, self.plan.local_seqlen)
 
     def merge(self, acc, lse, o, l):
-        return (o.float(), l) if acc is None else crc.lse_merge(acc, lse, o.float(), l)
+        return (o.float(), l) if acc is None else lse_merge(acc, lse, o.float(), l)
 
     def _send(self, sends, recvs):
         """Post point-to-point sends/recvs as one batch (several tensors per peer allowed: tags

@@ -18,7 +18,7 @@ import zlib
 from paddle_fm3.distributed import balance
 from paddle_fm3.distributed.localize import explicit_four_column, local_row_bound, localize
 from paddle_fm3.distributed.comm import PlanOnlyCommunicator
-from paddle_fm3.distributed.plan import CPPlan, build_layout, default_segment_size
+from paddle_fm3.distributed.plan import CPPlan, build_layout, default_segment_size, segment_workload
 
 
 def _random_segments(rng, n, p):
@@ -194,7 +194,7 @@ def _run_without_paddle(code: str, cwd) -> str:
 @needs_dlpack
 @pytest.mark.parametrize("family", sorted(masks.FAMILIES))
 def test_dlpack_segment_workload_equals_paddle_op(family):
-    """kernels.segment_workload (the same C kernel through pybind11) equals the Paddle op."""
+    """plan.segment_workload (the same C kernel through the DLPack module) equals the Paddle op."""
     import paddle
 
     from paddle_fm3._ops import ops
@@ -203,15 +203,15 @@ def test_dlpack_segment_workload_equals_paddle_op(family):
     for seg, tile in [(64, 16), (48, 16), (32, 32), (128, 128), (256, 128), (512, 128)]:
         fm = masks.FAMILIES[family](seg * int(rng.integers(1, 9)), rng, batch=2, num_heads=2)
         sri = fm.startend_row_indices
-        w, n = kernels.segment_workload(sri, seg, tile, fm.causal)
+        w, n = segment_workload(sri, seg, tile, fm.causal)
         w_op, n_op = ops.fm3_segment_workload(paddle.to_tensor(sri), seg, tile, fm.causal)
         assert w.dtype == np.int64 and n.dtype == np.int32
         np.testing.assert_array_equal(w, w_op.numpy())
         np.testing.assert_array_equal(n, n_op.numpy())
     with pytest.raises(ValueError, match="tile"):
-        kernels.segment_workload(sri, 512, 48, fm.causal)
+        segment_workload(sri, 512, 48, fm.causal)
     with pytest.raises(ValueError, match="4-D"):
-        kernels.segment_workload(sri[0], 64, 16, fm.causal)
+        segment_workload(sri[0], 64, 16, fm.causal)
 
 
 @needs_dlpack
@@ -301,23 +301,23 @@ def test_dlpack_segment_workload_rejects_bad_input():
     floats were truncated, bools and int64 values past int32 were read as other masks)."""
     sri = masks.causal(256).startend_row_indices
     with pytest.raises(TypeError, match="integer"):
-        kernels.segment_workload(sri.astype(np.float32), 64, 16, True)
+        segment_workload(sri.astype(np.float32), 64, 16, True)
     with pytest.raises(TypeError, match="integer"):
-        kernels.segment_workload(sri.astype(bool), 64, 16, True)
+        segment_workload(sri.astype(bool), 64, 16, True)
     with pytest.raises(ValueError, match="values"):
-        kernels.segment_workload(np.full((1, 1, 256, 1), 2**32 + 5, np.int64), 64, 16, True)
+        segment_workload(np.full((1, 1, 256, 1), 2**32 + 5, np.int64), 64, 16, True)
     # Any int32 value has Paddle's meaning (negative reads as 0), not an error.
-    w_neg, n_neg = kernels.segment_workload(np.full((1, 1, 256, 1), -1, np.int32), 64, 16, True)
-    w_0, n_0 = kernels.segment_workload(np.zeros((1, 1, 256, 1), np.int32), 64, 16, True)
+    w_neg, n_neg = segment_workload(np.full((1, 1, 256, 1), -1, np.int32), 64, 16, True)
+    w_0, n_0 = segment_workload(np.zeros((1, 1, 256, 1), np.int32), 64, 16, True)
     np.testing.assert_array_equal(w_neg, w_0)
     np.testing.assert_array_equal(n_neg, n_0)
     with pytest.raises(ValueError, match="C must be"):
-        kernels.segment_workload(sri, 64, 16, False)  # C=1 needs causal=True
+        segment_workload(sri, 64, 16, False)  # C=1 needs causal=True
     with pytest.raises(TypeError, match="segment_size"):
-        kernels.segment_workload(sri, "64", 16, True)
+        segment_workload(sri, "64", 16, True)
     with pytest.raises(ValueError, match="divisible"):
-        kernels.segment_workload(sri, 48, 16, True)
-    w, _ = kernels.segment_workload(sri, 64, 16, np.True_)  # numpy bools are bools
+        segment_workload(sri, 48, 16, True)
+    w, _ = segment_workload(sri, 64, 16, np.True_)  # numpy bools are bools
     assert w.sum() > 0
 
 

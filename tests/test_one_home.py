@@ -1,9 +1,16 @@
 """Each rule has one home: the C/C++ mask-shape check (params.h) behind every C/C++ entry, the
 Python checks (paddle_fm3._checks), the one normalizer of mask values (mask_semantics.column_bounds,
-the mirror of fm3::load_column), and no import cycle inside paddle_fm3."""
+the mirror of fm3::load_column), the shape rules of block_mask, causal alignment and mask heads (one
+home per language), the torch CP backends in the package, and no import cycle inside paddle_fm3."""
 
 import ast
+import io
+import os
 import pathlib
+import re
+import subprocess
+import sys
+import tokenize
 
 import numpy as np
 import paddle
@@ -128,3 +135,89 @@ def test_no_import_cycle_in_package():
         if m not in state:
             visit(m, [])
     assert graph["paddle_fm3.masks"] >= {"paddle_fm3.mask_semantics", "paddle_fm3.mask_builders"}
+
+
+# ---- the shape rules of block_mask, causal alignment and mask heads: one home per language ----
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# A copy of a rule, in code (comments and string literals are dropped first: messages and docs may
+# state the rule). The homes are fm3::block_mask_blocks / causal_offset_of / mask_head_of
+# (ops/include/fm3/mask.h) and _checks.block_mask_blocks / causal_offset (paddle_fm3/_checks.py).
+RULE_COPIES = {
+    # (a sequence length or a shape entry rounded up to 128: CUDA grid sizes round other counts)
+    "block_mask blocks": (re.compile(r"\b(seqlen\w*|[sS]_?[qk]|\w+\s*\[\s*\d\s*\])\s*\+\s*127\s*\)\s*//?\s*128|"
+                                     r"//\s*128\s*\)|kBlockMaskSize\s*-\s*1\s*\)\s*/\s*kBlockMaskSize|"
+                                     r"ceil_div\([^()]*kBlockMaskSize\)|//\s*BLOCK_MASK_SIZE\b"),
+                          {"ops/include/fm3/mask.h", "paddle_fm3/_checks.py"}),
+    "causal offset": (re.compile(r"\b(seqlen_k|sk|Sk|s_k)\s*-\s*(a\s*\.\s*|p\s*->\s*)?(seqlen_q|sq|Sq|s_q)\b"),
+                      {"ops/include/fm3/mask.h", "paddle_fm3/_checks.py"}),
+    "mask head of a query head": (re.compile(r"mask_heads\s*==\s*1\s*(\?|\)\s*return\s+0\b)"),
+                                  {"ops/include/fm3/mask.h"}),
+}
+_C_NOISE = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
+
+
+def _code_only(path: pathlib.Path) -> str:
+    """The source without comments and string literals (tokens joined by spaces for Python)."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return _C_NOISE.sub(" ", text)
+    skip = (tokenize.COMMENT, tokenize.STRING, tokenize.NL, tokenize.NEWLINE)
+    return " ".join(t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type not in skip)
+
+
+def test_rule_copies_pattern_finds_the_homes():
+    """The patterns match the homes themselves, so a copy written the same way would be found."""
+    for name, (pattern, homes) in RULE_COPIES.items():
+        for home in homes:
+            assert pattern.search(_code_only(ROOT / home)), (name, home)
+
+
+def test_shape_rules_have_one_home_per_language():
+    sources = [p for top in ("ops", "paddle_fm3", "scripts") for p in (ROOT / top).rglob("*")
+               if p.suffix in (".h", ".cc", ".cu", ".cuh", ".py") and "__pycache__" not in p.parts]
+    assert len(sources) > 40
+    copies = []
+    for path in sources:
+        code, rel = _code_only(path), path.relative_to(ROOT).as_posix()
+        copies += [(name, rel) for name, (pattern, homes) in RULE_COPIES.items()
+                   if rel not in homes and pattern.search(code)]
+    assert copies == [], f"a rule written outside its home: {copies}"
+
+
+def test_python_shape_rules():
+    assert [_checks.block_mask_blocks(s) for s in (0, 1, 128, 129, 256, 257)] == [0, 1, 1, 2, 2, 3]
+    assert _checks.BLOCK_MASK_SIZE == 128
+    assert _checks.causal_offset(3, 5) == 2 and _checks.causal_offset(5, 3) == -2
+
+
+def test_block_mask_shape_checked_alike_in_python_and_c():
+    """The Python check (_validation) and the Paddle glue's (fm3::block_mask_blocks) accept the same
+    shape and reject one block too few along seqlen_q."""
+    from paddle_fm3 import _validation
+
+    q, k = paddle.randn([1, 129, 2, 16]), paddle.randn([1, 257, 2, 16])
+    sri = paddle.full([1, 1, 257, 1], 129, "int32")
+    good = paddle.ones([1, 1, 2, 3], "int32")
+    _validation.check_block_mask(good, sri, q, k)
+    out, _ = ops.fm3_flashmask_attention(q, k, k, sri, good, 0.25, True, False)
+    assert not bool(paddle.isnan(out).any())
+    bad = paddle.ones([1, 1, 1, 3], "int32")
+    with pytest.raises(ValueError, match=r"ceil\(seqlen_k/128\)\] = \[1, 1, 2, 3\], got \[1, 1, 1, 3\]"):
+        _validation.check_block_mask(bad, sri, q, k)
+    with pytest.raises(ValueError, match=r"block_mask must be int32 \[batch, mask_heads, ceil\(seqlen_q / 128\)"):
+        ops.fm3_flashmask_attention(q, k, k, sri, bad, 0.25, True, False)
+
+
+def test_torch_backends_live_in_the_package_and_need_no_torch_to_import():
+    """paddle_fm3.distributed does not import backends.torch; that module imports without torch."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import paddle_fm3.distributed as d\n"
+            "assert 'paddle_fm3.distributed.backends.torch' not in sys.modules\n"
+            "from paddle_fm3.distributed.backends.torch import HopperBackend, ReferenceBackend, lse_merge\n"
+            "from paddle_fm3.distributed.step import AttentionBackend\n"
+            "assert issubclass(HopperBackend, AttentionBackend) and issubclass(ReferenceBackend, AttentionBackend)\n"
+            "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT.parent, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

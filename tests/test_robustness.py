@@ -226,7 +226,7 @@ def test_hcc_ipo_many_ranks_is_fast():
 
 def test_cp_planning_rejects_empty_masks():
     """Once an OSError from the C++ op (batch 0) and 'segment_size must be <= 0' (seqlen 0)."""
-    from paddle_fm3.kernels import check_segment_sizes
+    from paddle_fm3.distributed.plan import check_segment_sizes
 
     with pytest.raises(ValueError, match="batch and mask heads >= 1"):
         fm3dist.build_layout(np.zeros((0, 1, 256, 1), np.int32), True, 2)

@@ -101,13 +101,14 @@ struct MaskPlan {
            int seqlen_k, int mask_cols, bool causal, int block_n)
       : mask_heads(mask_heads_) {
     const int nb = ceil_div(seqlen_k, block_n);
-    const int bm_rows = ceil_div(seqlen_q, kBlockMaskSize), bm_cols = ceil_div(seqlen_k, kBlockMaskSize);
+    const int bm_rows = static_cast<int>(block_mask_blocks(seqlen_q));
+    const int bm_cols = static_cast<int>(block_mask_blocks(seqlen_k));
     blocks.assign(static_cast<size_t>(batch) * mask_heads * nb, empty_summary());
     for (int bh = 0; bh < batch * mask_heads; ++bh) {
       const int32_t* col0 = sri + static_cast<int64_t>(bh) * seqlen_k * mask_cols;
       MaskView v{col0, bm ? bm + static_cast<int64_t>(bh) * bm_rows * bm_cols : nullptr,
                  blocks.data() + static_cast<size_t>(bh) * nb, mask_cols, bm_cols, seqlen_q,
-                 seqlen_k, seqlen_k - seqlen_q, block_n, causal};
+                 seqlen_k, causal_offset_of(seqlen_q, seqlen_k), block_n, causal};
       for (int j = 0; j < seqlen_k; ++j) summary_add(blocks[bh * nb + j / block_n], v.column(j));
       views.push_back(v);
     }
@@ -118,10 +119,7 @@ struct MaskPlan {
 struct Heads {
   int group, num_heads, mask_heads;
   int kv(int h) const { return h / group; }
-  int mask(int h) const {
-    if (mask_heads == 1) return 0;
-    return mask_heads == num_heads ? h : h / group;
-  }
+  int mask(int h) const { return mask_head_of(h, kv(h), num_heads, mask_heads); }
 };
 
 template <typename T>

@@ -61,7 +61,7 @@ extern "C" int fm3_cpu_segment_workload(const int32_t* sri, int batch, int mask_
       fm3::BlockSummary s = fm3::empty_summary();
       for (int j = kb * tile; j < (kb + 1) * tile; ++j)
         fm3::summary_add(s, fm3::load_column(cols + static_cast<int64_t>(j) * mask_cols, j, mask_cols,
-                                             causal != 0, seqlen, 0));
+                                             causal != 0, seqlen, fm3::causal_offset_of(seqlen, seqlen)));
       const int n_ranges = masked_tile_ranges(s, tile, ranges);
       const int key_seg = kb / tps;
       for (int q = 0; q < n_seg; ++q) {

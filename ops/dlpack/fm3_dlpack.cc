@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "fm3/mask.h"
 #include "fm3/params.h"
 #include "fm3_cuda.h"
 
@@ -282,7 +283,8 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
     const int64_t want_h = Hm > 0 ? Hm : bmv.shape[1];
     if (Hm < 0 && want_h != 1 && want_h != Hk && want_h != H)
       throw py::value_error("block_mask.shape[1] must be 1, num_heads_k or num_heads");
-    expect_shape(bmv, {B, want_h, (Sq + 127) / 128, (Sk + 127) / 128}, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
+    expect_shape(bmv, {B, want_h, fm3::block_mask_blocks(Sq), fm3::block_mask_blocks(Sk)},
+                 "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
     expect_int32_contiguous(bmv);
     p.mask_heads = static_cast<int>(want_h);
   }

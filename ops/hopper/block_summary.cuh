@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kSummaryWarpsPerCta * 32)
   BlockSummary s = empty_summary();
   for (int j = n0 + lane; j < n1; j += 32)
     summary_add(s, load_column(col0 + static_cast<int64_t>(j) * mask_cols, j, mask_cols, causal, seqlen_q,
-                               seqlen_k - seqlen_q));
+                               causal_offset_of(seqlen_q, seqlen_k)));
   s.lts_min = warp_min(s.lts_min);
   s.lts_max = warp_max(s.lts_max);
   s.lte_min = warp_min(s.lte_min);

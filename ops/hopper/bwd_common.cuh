@@ -51,7 +51,7 @@ __device__ __forceinline__ bool adds_to_tile(const BwdArgs& a, int64_t bhm, cons
 
 __device__ __forceinline__ int mask_head(const BwdArgs& a, int h) {
   const int hk = h / (a.num_heads / a.num_heads_k);
-  return a.mask_heads == 1 ? 0 : (a.mask_heads == a.num_heads ? h : hk);
+  return mask_head_of(h, hk, a.num_heads, a.mask_heads);
 }
 
 // ---------------------------------------------------------------------------

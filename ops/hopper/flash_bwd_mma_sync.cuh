@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
   const int group = a.num_heads / a.num_heads_k;
   const int n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
   const int n_kblocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
-  const int causal_offset = a.seqlen_k - a.seqlen_q;
+  const int causal_offset = causal_offset_of(a.seqlen_q, a.seqlen_k);
 
   const T* kg = static_cast<const T*>(a.k) + b * a.k_bs + hk * a.k_hs;
   const T* vg = static_cast<const T*>(a.v) + b * a.v_bs + hk * a.v_hs;
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
   const int m0 = mt * kBlockM;
   const int hk = h / (a.num_heads / a.num_heads_k);
   const int n_kblocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
-  const int causal_offset = a.seqlen_k - a.seqlen_q;
+  const int causal_offset = causal_offset_of(a.seqlen_q, a.seqlen_k);
   const int hm = mask_head(a, h);
   const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
   const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;

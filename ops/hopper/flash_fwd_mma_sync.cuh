@@ -92,10 +92,10 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
   const int mt = n_mtiles - 1 - static_cast<int>(blockIdx.x);  // heavy (bottom) tiles first
   const int h = blockIdx.y, b = blockIdx.z;
   const int group = a.num_heads / a.num_heads_k, hk = h / group;
-  const int hm = a.mask_heads == 1 ? 0 : (a.mask_heads == a.num_heads ? h : hk);
+  const int hm = mask_head_of(h, hk, a.num_heads, a.mask_heads);
   const int m0 = mt * kBlockM, m1 = min(m0 + kBlockM, a.seqlen_q);
   const int n_blocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
-  const int causal_offset = a.seqlen_k - a.seqlen_q;
+  const int causal_offset = causal_offset_of(a.seqlen_q, a.seqlen_k);
   const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
 
   const T* qg = static_cast<const T*>(a.q) + b * a.q_bs + h * a.q_hs;

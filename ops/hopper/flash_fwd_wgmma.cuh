@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlo
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // broadcast: the compiler sees it warp-uniform
   const int n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
   const int n_blocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
-  const int causal_offset = a.seqlen_k - a.seqlen_q;
+  const int causal_offset = causal_offset_of(a.seqlen_q, a.seqlen_k);
   const int group = a.num_heads / a.num_heads_k;
   const FwdTileScheduler<kBlockM> sched{n_mtiles, group};
 

@@ -85,8 +85,8 @@ inline void fill_attn_args(AttnArgs& a, const fm3_fwd_params* p) {
   a.num_heads_k = p->num_heads_k;
   a.mask_heads = has_mask && p->mask_heads >= 1 ? p->mask_heads : 1;
   a.mask_cols = p->mask_cols;
-  a.bm_rows = (p->seqlen_q + kBlockMaskSize - 1) / kBlockMaskSize;
-  a.bm_cols = (p->seqlen_k + kBlockMaskSize - 1) / kBlockMaskSize;
+  a.bm_rows = static_cast<int>(block_mask_blocks(p->seqlen_q));
+  a.bm_cols = static_cast<int>(block_mask_blocks(p->seqlen_k));
   a.scale_log2 = p->softmax_scale * 1.4426950408889634f;
   a.causal = p->causal != 0;
 }

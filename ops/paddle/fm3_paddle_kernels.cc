@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "fm3/mask.h"
 #include "fm3/params.h"
 #include "fm3_ops_generated.h"
 #include "paddle/common/enforce.h"
@@ -23,9 +24,7 @@
 #include "paddle/phi/api/include/context_pool.h"
 #include "paddle/phi/core/cuda_stream.h"
 
-extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len);
-extern "C" int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
-extern "C" size_t fm3_cuda_bwd_workspace_bytes(const fm3_bwd_params* p);
+#include "fm3_cuda.h"
 #endif
 
 namespace {
@@ -84,7 +83,7 @@ fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, con
   if (block_mask) {
     const auto& bs = block_mask->shape();
     FM3_CHECK_ARG(block_mask->dtype() == paddle::DataType::INT32 && bs.size() == 4 && bs[0] == B && bs[1] == ss[1] &&
-                 bs[2] == (qs[1] + 127) / 128 && bs[3] == (Sk + 127) / 128,
+                 bs[2] == fm3::block_mask_blocks(qs[1]) && bs[3] == fm3::block_mask_blocks(Sk),
              "block_mask must be int32 [batch, mask_heads, ceil(seqlen_q / 128), ceil(seqlen_k / 128)]");
   }
   fm3_fwd_params p{};

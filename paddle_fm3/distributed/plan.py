@@ -17,13 +17,12 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _checks, mask_semantics
-from ..kernels import check_segment_sizes
 from .balance import hcc_ipo
 from .comm import Communicator, default_communicator
 from .localize import _localize_checked
 
 __all__ = ["CPLayout", "CPPlan", "make_cp_plan", "make_cp_plans", "build_layout", "segment_summary",
-           "default_segment_size"]
+           "segment_workload", "check_segment_sizes", "MAX_SEGMENTS", "default_segment_size"]
 
 TILE = 128  # query tile / key block of the workload summary (the kernels' kBlockM/kBlockN scale)
 
@@ -39,6 +38,58 @@ def default_segment_size(seqlen: int, num_ranks: int) -> int:
             return seqlen // (num_ranks * per_rank)
     raise ValueError(f"seqlen ({seqlen}) must be divisible by the CP group size ({num_ranks}); pad the "
                      f"sequence with masked-out tokens or choose segment_size explicitly")
+
+
+def segment_workload(startend_row_indices, segment_size: int, tile: int, causal: bool):
+    """Context-parallel workload per query segment, on the host (no GPU): the kernel of the Paddle
+    op ``fm3_segment_workload`` (``ops/cpu/segment_workload.cc``), for planning without Paddle.
+
+    Args:
+        startend_row_indices: integer ``[B, H_mask, S, C]`` host array (numpy), a square mask
+            (``S_q == S_k == S``), checked by :func:`paddle_fm3.masks.validate_startend_row_indices`.
+        segment_size: tokens per segment; ``tile | segment_size | S``.
+        tile: query tile / key block width of the count.
+        causal: the mask's causal flag.
+
+    Returns:
+        ``(weights, needed)``: int64 ``[n]``, the not-fully-masked (query tile, key block) pairs of
+        each query segment summed over batch and mask heads; int32 ``[n, n]``, 1 where query
+        segment ``s`` sees some key of key segment ``t`` (``n = S / segment_size``).
+
+    Raises:
+        TypeError: a non-integer mask, non-bool ``causal``, non-integer sizes.
+        ValueError: a mask that fails validation; sizes not positive or not with ``tile | segment_size | S``.
+        ImportError: the DLPack module is not built.
+    """
+    from .. import kernels  # noqa: PLC0415 - the DLPack module, loaded on use
+
+    arr, seqlen = mask_semantics.validate_startend_row_indices(startend_row_indices, causal)
+    segment_size, tile = check_segment_sizes(seqlen, segment_size, tile)
+    if segment_size % tile:
+        raise ValueError(f"tile ({tile}) must divide segment_size ({segment_size})")
+    return kernels._ext().segment_workload(np.ascontiguousarray(arr, dtype=np.int32), segment_size, tile,
+                                           bool(causal))
+
+
+MAX_SEGMENTS = 1 << 14  # the visibility matrix of CP planning is dense: [n, n] int32, 1 GiB at this n
+
+
+def check_segment_sizes(seqlen: int, segment_size, tile):
+    """``(segment_size, tile)`` as ints after checking them against ``seqlen`` (CP planning):
+    positive integers, ``segment_size | seqlen``, at most :data:`MAX_SEGMENTS` segments.
+
+    Raises:
+        TypeError: a non-integer size. ValueError: the conditions above.
+    """
+    seqlen = _checks.check_int("seqlen", seqlen, lo=1, hi=_checks.MAX_SEQLEN)
+    segment_size = _checks.check_int("segment_size", segment_size, lo=1, hi=seqlen)
+    tile = _checks.check_int("tile", tile, lo=1)
+    if seqlen % segment_size:
+        raise ValueError(f"seqlen ({seqlen}) must be divisible by segment_size ({segment_size})")
+    if seqlen // segment_size > MAX_SEGMENTS:
+        raise ValueError(f"seqlen / segment_size = {seqlen // segment_size} segments; at most {MAX_SEGMENTS} "
+                         f"(choose a larger segment_size)")
+    return segment_size, tile
 
 
 def _check_mask(startend_row_indices, causal) -> np.ndarray:
@@ -73,7 +124,7 @@ def segment_summary(startend_row_indices: np.ndarray, causal: bool, segment_size
 
     Raises:
         TypeError / ValueError: a mask that fails validation; sizes that fail
-        :func:`paddle_fm3.kernels.check_segment_sizes`.
+        :func:`check_segment_sizes`.
         ImportError: neither Paddle nor the built DLPack module is available.
     """
     sri = _check_mask(startend_row_indices, causal)

@@ -5,9 +5,9 @@ Every tensor argument is any object implementing ``__dlpack__`` (torch, paddle, 
 The compiled pieces are ``libfm3_cuda.so`` (the kernels behind the C ABI of
 ``ops/hopper/fm3_cuda.h``) and the pybind11 module ``_fm3_dlpack`` beside this file, built by
 ``scripts/gpu_build.sh`` and ``scripts/build_dlpack_ext.sh``. The module also carries the CPU
-kernel of CP planning (:func:`segment_workload`), which runs without a GPU. Importing this package needs
-neither Paddle nor the compiled module; calling a kernel needs the module (else ``ImportError``
-saying how to build it).
+kernel of CP planning, which runs without a GPU (its entry: :func:`paddle_fm3.distributed.plan.segment_workload`).
+Importing this package needs neither Paddle nor the compiled module; calling a kernel needs the
+module (else ``ImportError`` saying how to build it).
 
 Algorithm: FlashAttention-2 online softmax (Dao, 2023) with FlashMask block skipping
 (Wang et al., arXiv:2410.01359, section 4).
@@ -21,10 +21,10 @@ from typing import Optional
 
 import numpy as np
 
-from .. import _checks, mask_builders, mask_semantics  # numpy only: importing them needs no Paddle
+from .. import _checks, mask_builders  # numpy only: importing them needs no Paddle
 
 __all__ = ["flashmask_fwd", "flashmask_bwd", "bwd_workspace_bytes", "release_workspace", "block_summary", "block_n",
-           "bwd_block_n", "segment_workload", "check_segment_sizes", "MAX_SEGMENTS", "available"]
+           "bwd_block_n", "available"]
 
 _EXT = None
 
@@ -223,51 +223,3 @@ def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, blo
     block_n = _checks.check_int("block_n", block_n, lo=1, hi=_checks.MAX_SEQLEN)
     _check_stream(stream)
     _ext().block_summary(startend_row_indices, out, causal, seqlen_q, block_n, int(stream))
-
-
-def segment_workload(startend_row_indices, segment_size: int, tile: int, causal: bool):
-    """Context-parallel workload per query segment, on the host (no GPU): the kernel of the Paddle
-    op ``fm3_segment_workload`` (``ops/cpu/segment_workload.cc``), for planning without Paddle.
-
-    Args:
-        startend_row_indices: integer ``[B, H_mask, S, C]`` host array (numpy), a square mask
-            (``S_q == S_k == S``), checked by :func:`paddle_fm3.masks.validate_startend_row_indices`.
-        segment_size: tokens per segment; ``tile | segment_size | S``.
-        tile: query tile / key block width of the count.
-        causal: the mask's causal flag.
-
-    Returns:
-        ``(weights, needed)``: int64 ``[n]``, the not-fully-masked (query tile, key block) pairs of
-        each query segment summed over batch and mask heads; int32 ``[n, n]``, 1 where query
-        segment ``s`` sees some key of key segment ``t`` (``n = S / segment_size``).
-
-    Raises:
-        TypeError: a non-integer mask, non-bool ``causal``, non-integer sizes.
-        ValueError: a mask that fails validation; sizes not positive or not with ``tile | segment_size | S``.
-    """
-    arr, seqlen = mask_semantics.validate_startend_row_indices(startend_row_indices, causal)
-    segment_size, tile = check_segment_sizes(seqlen, segment_size, tile)
-    if segment_size % tile:
-        raise ValueError(f"tile ({tile}) must divide segment_size ({segment_size})")
-    return _ext().segment_workload(np.ascontiguousarray(arr, dtype=np.int32), segment_size, tile, bool(causal))
-
-
-MAX_SEGMENTS = 1 << 14  # the visibility matrix of CP planning is dense: [n, n] int32, 1 GiB at this n
-
-
-def check_segment_sizes(seqlen: int, segment_size, tile):
-    """``(segment_size, tile)`` as ints after checking them against ``seqlen`` (CP planning):
-    positive integers, ``segment_size | seqlen``, at most :data:`MAX_SEGMENTS` segments.
-
-    Raises:
-        TypeError: a non-integer size. ValueError: the conditions above.
-    """
-    seqlen = _checks.check_int("seqlen", seqlen, lo=1, hi=_checks.MAX_SEQLEN)
-    segment_size = _checks.check_int("segment_size", segment_size, lo=1, hi=seqlen)
-    tile = _checks.check_int("tile", tile, lo=1)
-    if seqlen % segment_size:
-        raise ValueError(f"seqlen ({seqlen}) must be divisible by segment_size ({segment_size})")
-    if seqlen // segment_size > MAX_SEGMENTS:
-        raise ValueError(f"seqlen / segment_size = {seqlen // segment_size} segments; at most {MAX_SEGMENTS} "
-                         f"(choose a larger segment_size)")
-    return segment_size, tile

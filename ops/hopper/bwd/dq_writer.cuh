@@ -142,7 +142,9 @@ __global__ void __launch_bounds__(128)
   const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
   int nb = 0;
   for (; nb < n_kblocks; ++nb)
-    if (bwd::adds_to_tile(a, bhm, bm, m0, kTileM, nb, kTileN, n_kblocks, a.seqlen_k - a.seqlen_q)) break;
+    if (bwd::adds_to_tile(a, bhm, bm, m0, kTileM, nb, kTileN, n_kblocks,
+                          causal_offset_of(a.seqlen_q, a.seqlen_k)))
+      break;
   a.dq_chain_start[i] = nb;
 }
 

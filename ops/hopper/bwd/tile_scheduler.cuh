@@ -53,7 +53,7 @@ struct BwdTileScheduler {
     blk.group = a.num_heads / a.num_heads_k;
     blk.n_mtiles = (a.seqlen_q + kBlockM - 1) / kBlockM;
     blk.n_kblocks = key_blocks(a);
-    blk.causal_offset = a.seqlen_k - a.seqlen_q;
+    blk.causal_offset = causal_offset_of(a.seqlen_q, a.seqlen_k);
     return blk;
   }
 };

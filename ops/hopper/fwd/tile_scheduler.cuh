@@ -34,7 +34,7 @@ struct FwdTileScheduler {
     x.h = bh % a.num_heads;
     x.b = bh / a.num_heads;
     x.hk = x.h / group;
-    const int hm = a.mask_heads == 1 ? 0 : (a.mask_heads == a.num_heads ? x.h : x.hk);
+    const int hm = mask_head_of(x.h, x.hk, a.num_heads, a.mask_heads);
     x.bhm = static_cast<int64_t>(x.b) * a.mask_heads + hm;
     return x;
   }

@@ -31,6 +31,19 @@ namespace fm3 {
 // Side of the square blocks addressed by block_mask (Paddle's convention).
 constexpr int kBlockMaskSize = 128;
 
+// The one C/C++ home of three shape rules (paddle_fm3/_checks.py is the Python one).
+// block_mask's blocks along seqlen rows or columns: its shape is
+// [batch, mask_heads, block_mask_blocks(seqlen_q), block_mask_blocks(seqlen_k)].
+FM3_HD int64_t block_mask_blocks(int64_t seqlen) { return (seqlen + kBlockMaskSize - 1) / kBlockMaskSize; }
+
+// Bottom-right aligned causality: key j is visible to row i iff j <= i + causal_offset_of(S_q, S_k).
+FM3_HD int causal_offset_of(int seqlen_q, int seqlen_k) { return seqlen_k - seqlen_q; }
+
+// The mask head that query head h (kv head hk) reads; mask_heads is 1, num_heads_k or num_heads.
+FM3_HD int mask_head_of(int h, int hk, int num_heads, int mask_heads) {
+  return mask_heads == 1 ? 0 : (mask_heads == num_heads ? h : hk);
+}
+
 enum TileClass : int32_t {
   kFullyMasked = 0,  // skip: no load, no math
   kPartial = 1,      // apply the per-element mask
