@@ -85,7 +85,7 @@ int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* e
 
 
 // The warp-specialized TMA + WGMMA kernel, for the configs the generator marks wgmma
-// (scripts/gen_ops.py, bwd_kernel) unless FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernel
+// (ops/hopper/kernel_rules.py, serve_bwd) unless FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernel
 // (read per call, so a test can switch paths in-process). Returns -1 when not applicable (a
 // layout TMA cannot describe).
 

@@ -41,8 +41,8 @@ int launch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) 
 }
 
 // The warp-specialized TMA + WGMMA kernel serves the configs the generator marks wgmma
-// (scripts/gen_ops.py, fwd_kernel); the mma.sync kernel serves the others, layouts TMA cannot
-// describe, and every config when FM3_FWD_KERNEL=mma_sync asks for it.
+// (ops/hopper/kernel_rules.py, serve_fwd); the mma.sync kernel, where it is built for a config
+// (fallback), serves layouts TMA cannot describe and FM3_FWD_KERNEL=mma_sync.
 bool force_mma_sync() {  // read per call (cheap), so a test can switch paths in-process
   const char* e = std::getenv("FM3_FWD_KERNEL");
   return e != nullptr && std::strcmp(e, "mma_sync") == 0;
