@@ -289,7 +289,8 @@ def gen_config_header(cfg: dict) -> str:
                      f"{int(c['fallback'])}) \\")
     lines += ["", "// Hopper backward tile configs: FM3_SM90_BWD_CONFIGS(X) calls",
               "// X(head_dim, head_dim_v, tile_dim, block_m, block_n, stages, wgmma, fallback) per entry",
-              "// (tile_dim: the WGMMA kernel's padded head dim; wgmma, fallback as above).",
+              "// (tile_dim: the head dim of the kernel's tiles and of the dQ accumulator's rows, the WGMMA",
+              "// kernel's padded one; wgmma, fallback as above).",
               *[f"//   head_dim {_pair(c)}: {c['kernel']}{' (+ mma_sync)' if c['fallback'] and c['kernel'] == WGMMA else ''}"
                 for c in cfg["sm90_bwd"]],
               "#define FM3_SM90_BWD_CONFIGS(X) \\"]

@@ -62,6 +62,10 @@ def test_backward_at_tile_head_dim_256_is_the_wgmma_kernel_with_one_stage_only()
     cfg = copy.deepcopy(CFG)
     cfg["sm90_bwd"] = [bwd(256, st=2) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
     assert gen_ops.check_kernel_configs(cfg)["sm90_bwd"][-1]["kernel"] == "mma_sync"  # two stages do not fit
+    cfg["sm90_bwd"] = [bwd(192, st=2) if c == {"head_dim": 192, "block_m": 64, "block_n": 64, "stages": 1} else c
+                       for c in cfg["sm90_bwd"]]
+    only_mma_sync = [c for c in gen_ops.check_kernel_configs(cfg)["sm90_bwd"] if c["head_dim_v"] == 192][0]
+    assert only_mma_sync["kernel"] == "mma_sync" and only_mma_sync["tile_dim"] == 192  # no padding there
     cfg["sm90_bwd"] = [bwd(256, st=17) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
     with pytest.raises(gen_ops.ConfigError, match=r"sm90_bwd head_dim 256: stages must be in \[1, 16\]"):
         gen_ops.check_kernel_configs(cfg)

@@ -30,12 +30,12 @@ int bwd_block_n(int head_dim, int head_dim_v) {
   return 0;
 }
 
-// The head dim of the kernels' tiles and of the dQ accumulator's rows: the WGMMA kernel's padded one
-// (kernel_rules.py), which the mma.sync kernels share where they serve the config (equal head dims,
-// multiples of 64: no padding).
+// The head dim of the kernels' tiles and of the dQ accumulator's rows (kernel_rules.py, serve_bwd):
+// the WGMMA kernel's padded one. Where the mma.sync fallback runs instead, its accumulator rows of
+// head_dim floats fit inside the rows cleared and allocated at this width.
 int bwd_tile_dim(int head_dim, int head_dim_v) {
 #define FM3_X(hd, hdv, tile, bm, bn, st, wgmma, fallback) \
-  if (head_dim == hd && head_dim_v == hdv) return wgmma ? tile : hd;
+  if (head_dim == hd && head_dim_v == hdv) return tile;
   FM3_SM90_BWD_CONFIGS(FM3_X)
 #undef FM3_X
   return 0;
@@ -81,8 +81,6 @@ int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* e
   FM3_CUDA_CHECK(cudaGetLastError());
   return 0;
 }
-
-
 
 // The warp-specialized TMA + WGMMA kernel, for the configs the generator marks wgmma
 // (ops/hopper/kernel_rules.py, serve_bwd) unless FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernel
@@ -142,17 +140,16 @@ int dispatch(const BwdArgs& args, bool deterministic, const void* out, const flo
              char* err, size_t err_len) {
 #define FM3_X(hd, hdv, tile, bm, bn, st, wgmma, fallback)                                                       \
   if (args.head_dim == hd && args.head_dim_v == hdv) {                                                          \
-    constexpr int kTile = wgmma ? tile : hd; /* bwd_tile_dim */                                                \
     const int64_t rows = static_cast<int64_t>(args.batch) * args.num_heads * args.lse_stride;                   \
     constexpr int64_t kRowsPerBlock = 8 * (32 / kPrepLanesPerRow<hdv>);                                        \
-    bwd_preprocess_kernel<T, kTile, hdv><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),  \
+    bwd_preprocess_kernel<T, tile, hdv><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),  \
                                            256, 0, stream>>>(                                                   \
         static_cast<const T*>(out), static_cast<const T*>(args.dout), lse, const_cast<float*>(args.delta),     \
         const_cast<float*>(args.lse2), args.dq_accum, args.o_bs, args.o_rs, args.o_hs, args.num_heads,          \
         args.seqlen_q, args.lse_stride, rows);                                                                  \
     FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
     if constexpr (wgmma) {                                                                                      \
-      const int rc = launch_wgmma<T, kTile, hd, bm, bn, st>(args, stream, err, err_len);                \
+      const int rc = launch_wgmma<T, tile, hd, bm, bn, st>(args, stream, err, err_len);                \
       if (rc >= 0) return rc;                                                                                   \
     }                                                                                                           \
     return launch_fallback<T, hd, bn, fallback>(args, deterministic, stream, err, err_len);                     \

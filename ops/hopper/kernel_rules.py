@@ -134,8 +134,10 @@ def bwd_mma_sync_error(c: dict) -> str | None:
 
 
 def serve_bwd(c: dict) -> dict:
-    """c with ``kernel``, ``fallback`` and ``tile_dim`` (the WGMMA kernel's padded head dim); a
-    config only the mma.sync kernels serve must have block_m 64 (their warp layouts)."""
+    """c with ``kernel``, ``fallback`` and ``tile_dim``, the head dim of the kernel's tiles and of the
+    dQ accumulator's rows: the WGMMA kernel's padded one, or head_dim where only the mma.sync kernels
+    serve (they take no padding). A config only the mma.sync kernels serve must have block_m 64 (their
+    warp layouts)."""
     where = f"sm90_bwd head_dim {c['head_dim']}" + (f"/{c['head_dim_v']}" if c["head_dim_v"] != c["head_dim"] else "")
     if (e := head_dims_error(where, c["head_dim"], c["head_dim_v"])) is not None:
         raise ConfigError(e)
@@ -147,4 +149,4 @@ def serve_bwd(c: dict) -> dict:
     if wgmma_e is not None and mma_e is not None:
         raise ConfigError(f"{where}: no kernel serves it: the WGMMA kernel: {wgmma_e}; the mma.sync kernels: {mma_e}")
     return {**c, "kernel": WGMMA if wgmma_e is None else MMA_SYNC, "fallback": mma_e is None,
-            "tile_dim": bwd_tile_dim(c["head_dim"], c["head_dim_v"])}
+            "tile_dim": bwd_tile_dim(c["head_dim"], c["head_dim_v"]) if wgmma_e is None else c["head_dim"]}
