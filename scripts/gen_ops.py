@@ -203,7 +203,8 @@ def gen_prototypes(decls: list[OpDecl]) -> str:
 # ---------------------------------------------------------------------------
 
 sys.path.insert(0, str(ROOT / "ops" / "hopper"))
-from kernel_rules import MMA_SYNC_MAX_BLOCK_M, WGMMA, ConfigError, serve_bwd, serve_fwd  # noqa: E402  (ops/hopper/kernel_rules.py)
+from kernel_rules import (MMA_SYNC_MAX_BLOCK_M, WGMMA, ConfigError, dims_name, serve_bwd,  # noqa: E402
+                          serve_fwd)  # ops/hopper/kernel_rules.py
 
 
 def _ints(section: str, c: dict, keys: tuple[str, ...], flags: tuple[str, ...] = ()) -> dict:
@@ -246,7 +247,7 @@ def check_kernel_configs(cfg: dict) -> dict:
         seen = set()
         for i, c in enumerate(entries):
             pair = (c["head_dim"], c["head_dim_v"])
-            name = f"{section} head_dim {_pair(c)}"
+            name = f"{section} head_dim {dims_name(*pair)}"
             if pair in seen:
                 raise ConfigError(f"{name} is listed twice")
             seen.add(pair)
@@ -255,15 +256,11 @@ def check_kernel_configs(cfg: dict) -> dict:
             entries[i] = serve(c)
         pairs[section] = seen
     for hd, hdv in sorted(pairs["sm90"] - pairs["sm90_bwd"]):
-        raise ConfigError(f"sm90 head_dim {_pair({'head_dim': hd, 'head_dim_v': hdv})} has no sm90_bwd config: "
+        raise ConfigError(f"sm90 head_dim {dims_name(hd, hdv)} has no sm90_bwd config: "
                           f"every forward head dim needs a backward")
     for hd, hdv in sorted(pairs["sm90_bwd"] - pairs["sm90"]):
-        raise ConfigError(f"sm90_bwd head_dim {_pair({'head_dim': hd, 'head_dim_v': hdv})} has no sm90 (forward) config")
+        raise ConfigError(f"sm90_bwd head_dim {dims_name(hd, hdv)} has no sm90 (forward) config")
     return {"cpu": cpu, "sm90": fwd, "sm90_bwd": bwd}
-
-
-def _pair(c: dict) -> str:
-    return f"{c['head_dim']}" + (f"/{c['head_dim_v']}" if c["head_dim_v"] != c["head_dim"] else "")
 
 
 def gen_config_header(cfg: dict) -> str:
@@ -280,7 +277,7 @@ def gen_config_header(cfg: dict) -> str:
              "//   fallback) per entry; wgmma = 1: the WGMMA kernel serves it, 0: the mma.sync kernel alone;",
              "// fallback = 1: the mma.sync kernel is built for it too (layouts TMA cannot describe,",
              "// FM3_FWD_KERNEL=mma_sync). ops/hopper/kernel_rules.py says which kernel serves what.",
-             *[f"//   head_dim {_pair(c)}: {c['kernel']}{' (+ mma_sync)' if c['fallback'] and c['kernel'] == WGMMA else ''}"
+             *[f"//   head_dim {dims_name(c['head_dim'], c['head_dim_v'])}: {c['kernel']}{' (+ mma_sync)' if c['fallback'] and c['kernel'] == WGMMA else ''}"
                for c in cfg["sm90"]],
              "#define FM3_SM90_CONFIGS(X) \\"]
     for c in cfg["sm90"]:
@@ -291,7 +288,7 @@ def gen_config_header(cfg: dict) -> str:
               "// X(head_dim, head_dim_v, tile_dim, block_m, block_n, stages, wgmma, fallback) per entry",
               "// (tile_dim: the head dim of the kernel's tiles and of the dQ accumulator's rows, the WGMMA",
               "// kernel's padded one; wgmma, fallback as above).",
-              *[f"//   head_dim {_pair(c)}: {c['kernel']}{' (+ mma_sync)' if c['fallback'] and c['kernel'] == WGMMA else ''}"
+              *[f"//   head_dim {dims_name(c['head_dim'], c['head_dim_v'])}: {c['kernel']}{' (+ mma_sync)' if c['fallback'] and c['kernel'] == WGMMA else ''}"
                 for c in cfg["sm90_bwd"]],
               "#define FM3_SM90_BWD_CONFIGS(X) \\"]
     for c in cfg["sm90_bwd"]:

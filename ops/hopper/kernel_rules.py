@@ -32,6 +32,11 @@ class ConfigError(ValueError):
     """A kernel config that no kernel serves correctly."""
 
 
+def dims_name(hd: int, hdv: int) -> str:
+    """How messages and generated comments name head dims: "192", or "192/128" for v's own."""
+    return f"{hd}" if hdv == hd else f"{hd}/{hdv}"
+
+
 def round64(d: int) -> int:
     return (d + 63) // 64 * 64
 
@@ -91,7 +96,7 @@ def fwd_mma_sync_error(c: dict) -> str | None:
 def serve_fwd(c: dict) -> dict:
     """c with ``kernel`` (the kernel that serves it), ``fallback`` (whether the mma.sync kernel is
     built for it too) and its padded tile head dims; ConfigError when neither kernel serves it."""
-    where = f"sm90 head_dim {c['head_dim']}" + (f"/{c['head_dim_v']}" if c["head_dim_v"] != c["head_dim"] else "")
+    where = f"sm90 head_dim {dims_name(c['head_dim'], c['head_dim_v'])}"
     if (e := head_dims_error(where, c["head_dim"], c["head_dim_v"])) is not None:
         raise ConfigError(e)
     wgmma_e, mma_e = fwd_wgmma_error(c), fwd_mma_sync_error(c)
@@ -138,7 +143,7 @@ def serve_bwd(c: dict) -> dict:
     dQ accumulator's rows: the WGMMA kernel's padded one, or head_dim where only the mma.sync kernels
     serve (they take no padding). A config only the mma.sync kernels serve must have block_m 64 (their
     warp layouts)."""
-    where = f"sm90_bwd head_dim {c['head_dim']}" + (f"/{c['head_dim_v']}" if c["head_dim_v"] != c["head_dim"] else "")
+    where = f"sm90_bwd head_dim {dims_name(c['head_dim'], c['head_dim_v'])}"
     if (e := head_dims_error(where, c["head_dim"], c["head_dim_v"])) is not None:
         raise ConfigError(e)
     if not 1 <= c["stages"] <= 16:
