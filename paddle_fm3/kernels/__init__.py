@@ -54,12 +54,17 @@ def available() -> bool:
 def block_n(head_dim: int, head_dim_v: Optional[int] = None) -> int:
     """Key-block width (columns) the forward kernel uses for head dims ``head_dim`` (q, k) and
     ``head_dim_v`` (v; default ``head_dim``); 0 if unsupported."""
-    d = _head_dim(head_dim)
-    return int(_ext().block_n(d, d if head_dim_v is None else _head_dim(head_dim_v)))
+    return int(_ext().block_n(*_head_dims(head_dim, head_dim_v)))
 
 
 def _head_dim(head_dim) -> int:
     return _checks.check_int("head_dim", head_dim, lo=0, hi=_checks.MAX_SEQLEN)
+
+
+def _head_dims(head_dim, head_dim_v) -> tuple:
+    """(head_dim, head_dim_v) checked, head_dim_v defaulting to head_dim (the block-width queries)."""
+    d = _head_dim(head_dim)
+    return d, (d if head_dim_v is None else _head_dim(head_dim_v))
 
 
 def _shape(name, x):
@@ -131,8 +136,7 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
 def bwd_block_n(head_dim: int, head_dim_v: Optional[int] = None) -> int:
     """Key-block width (columns per CTA) of the backward kernel for head dims ``head_dim`` and
     ``head_dim_v`` (default ``head_dim``); 0 if unsupported."""
-    d = _head_dim(head_dim)
-    return int(_ext().bwd_block_n(d, d if head_dim_v is None else _head_dim(head_dim_v)))
+    return int(_ext().bwd_block_n(*_head_dims(head_dim, head_dim_v)))
 
 
 def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,

@@ -9,7 +9,7 @@ from paddle_fm3 import _config, kernels, masks, reference
 # for q, k, v) or such a pair.
 HEAD_DIMS = _config.SM90_HEAD_DIMS
 BWD_HEAD_DIMS = tuple(sorted((c["head_dim"], c["head_dim_v"]) for c in _config.SM90_BWD_CONFIGS))
-# Pairs whose mma.sync kernels exist (FM3_FWD_KERNEL / FM3_BWD_KERNEL=mma_sync).
+# Head dims (equal for q, k, v) whose mma.sync kernels exist (FM3_FWD_KERNEL / FM3_BWD_KERNEL=mma_sync).
 FWD_FALLBACK_DIMS = tuple(sorted(c["head_dim"] for c in _config.SM90_CONFIGS if c["fallback"]))
 BWD_FALLBACK_DIMS = tuple(sorted(c["head_dim"] for c in _config.SM90_BWD_CONFIGS if c["fallback"]))
 
@@ -22,6 +22,8 @@ def head_dims(d):
 def dims_id(d):
     dq, dv = head_dims(d)
     return f"d{dq}" if dq == dv else f"d{dq}v{dv}"
+
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TOL = {"bf16": 1e-2, "fp16": 2e-3}  # relative Frobenius error of out
 
