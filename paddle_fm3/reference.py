@@ -13,7 +13,11 @@ paper (arXiv:2410.01359):
   head ``h``; otherwise (``H_mask == H_k``) to ``h // (H // H_k)``;
 - causal with ``S_q != S_k`` is bottom-right aligned;
 - a query row with no visible key gets output 0 and lse ``-inf``; its gradients are 0 (no NaN,
-  no floating-point warnings).
+  no floating-point warnings);
+- a learnable sink (gpt-oss; FlashAttention-4's ``learnable_sink``) is one logit ``sink[h]`` per query
+  head: a virtual key of score ``sink[h]`` and value 0 in every row's softmax. The output sums over
+  the real keys only, the lse includes the sink, and a row that sees no key gives output 0 and
+  lse ``sink[h]``.
 
 Only numpy is imported (the GPU test machine has no Paddle).
 """
@@ -103,7 +107,17 @@ def dense_visibility(batch: int, seqlen_q: int, seqlen_k: int, num_heads: int, n
     return np.broadcast_to(vis, (batch, num_heads, seqlen_q, seqlen_k))
 
 
-def _prepare(q, k, v, startend_row_indices, causal, softmax_scale, block_mask):
+def _as_sink(learnable_sink, num_heads: int):
+    """float64 ``[1, H, 1, 1]`` of the sink logits (None: no sink)."""
+    if learnable_sink is None:
+        return None
+    sink = _as_float_array("learnable_sink", learnable_sink, 1)
+    if sink.shape != (num_heads,):
+        raise ValueError(f"learnable_sink must have shape [num_heads={num_heads}], got {list(sink.shape)}")
+    return sink.reshape(1, num_heads, 1, 1)
+
+
+def _prepare(q, k, v, startend_row_indices, causal, softmax_scale, block_mask, learnable_sink=None):
     q = _as_float_array("q", q, 4)
     k = _as_float_array("k", k, 4)
     v = _as_float_array("v", v, 4)
@@ -128,25 +142,30 @@ def _prepare(q, k, v, startend_row_indices, causal, softmax_scale, block_mask):
         if not np.isfinite(scale):
             raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     vis = dense_visibility(b, sq, sk, h, hk, startend_row_indices, causal=causal, block_mask=block_mask)
+    sink = _as_sink(learnable_sink, h)
     g = h // hk
     kh = np.repeat(k, g, axis=2)  # [B, S_k, H, D], head h -> kv head h // g
     vh = np.repeat(v, g, axis=2)
     s = np.einsum("bqhd,bkhd->bhqk", q, kh) * scale
     s = np.where(vis, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
+    if sink is not None:
+        m = np.maximum(m, sink)
     m = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - m)  # exp(-inf) == 0 exactly, no warning
     l = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        l = l + np.exp(sink - m)  # the sink's share of the denominator; its value is 0
     has = l > 0
     l_safe = np.where(has, l, 1.0)
     p = p / l_safe
     lse = np.where(has, m + np.log(l_safe), -np.inf)[..., 0]
-    return q, kh, vh, p, lse, scale, hk, g
+    return q, kh, vh, p, lse, scale, hk, g, sink
 
 
 def attention_forward(q, k, v, startend_row_indices=None, *, causal: bool = False,
                       softmax_scale: Optional[float] = None,
-                      block_mask=None) -> Tuple[np.ndarray, np.ndarray]:
+                      block_mask=None, learnable_sink=None) -> Tuple[np.ndarray, np.ndarray]:
     """Reference FlashMask attention forward, in float64.
 
     Args:
@@ -159,38 +178,44 @@ def attention_forward(q, k, v, startend_row_indices=None, *, causal: bool = Fals
         softmax_scale: default ``D ** -0.5``.
         block_mask: optional integer ``[B, H_mask, ceil(S_q/128), ceil(S_k/128)]``, 1 = keep the
             128x128 block, 0 = mask it; AND-ed with the FlashMask.
+        learnable_sink: optional real ``[H]``, one sink logit per query head (see the module
+            docstring); None = no sink.
 
     Returns:
         ``(out, lse)``: out float64 ``[B, S_q, H, D_v]``; lse float64 ``[B, H, S_q]`` (natural log
-        of the sum of ``exp(scale * q.k)`` over visible keys; ``-inf`` for fully masked rows,
-        whose ``out`` is 0).
+        of the sum of ``exp(scale * q.k)`` over visible keys, plus ``exp(sink[h])`` with a sink;
+        ``-inf`` for fully masked rows without a sink; such rows' ``out`` is 0).
 
     Raises:
         TypeError / ValueError: bad shapes/dtypes of any argument (named in the message).
     """
-    _, _, vh, p, lse, _, _, _ = _prepare(q, k, v, startend_row_indices, causal, softmax_scale, block_mask)
+    _, _, vh, p, lse, _, _, _, _ = _prepare(q, k, v, startend_row_indices, causal, softmax_scale, block_mask,
+                                            learnable_sink)
     out = np.einsum("bhqk,bkhd->bqhd", p, vh)
     return out, lse
 
 
 def attention_backward(q, k, v, dout, startend_row_indices=None, *, causal: bool = False,
                        softmax_scale: Optional[float] = None,
-                       block_mask=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       block_mask=None, learnable_sink=None) -> Tuple[np.ndarray, ...]:
     """Reference FlashMask attention backward, in float64.
 
     Args:
-        q, k, v, startend_row_indices, causal, softmax_scale, block_mask: as in
+        q, k, v, startend_row_indices, causal, softmax_scale, block_mask, learnable_sink: as in
             :func:`attention_forward`.
         dout: ``[B, S_q, H, D_v]``, gradient of the loss w.r.t. ``out``.
 
     Returns:
-        ``(dq, dk, dv)`` float64 with the shapes of q, k, v. With GQA/MQA, ``dk``/``dv`` sum the
+        ``(dq, dk, dv)`` float64 with the shapes of q, k, v, and with ``learnable_sink`` also
+        ``dsink`` float64 ``[H]``: ``-sum over batch and rows of p_sink * D_row``, ``p_sink =
+        exp(sink[h] - lse_row)``, ``D_row = sum(dout * out)``. With GQA/MQA, ``dk``/``dv`` sum the
         contributions of all query heads of a group. Fully masked query rows contribute 0.
 
     Raises:
         TypeError / ValueError: bad shapes/dtypes (named in the message).
     """
-    qf, kh, vh, p, _, scale, hk, g = _prepare(q, k, v, startend_row_indices, causal, softmax_scale, block_mask)
+    qf, kh, vh, p, lse, scale, hk, g, sink = _prepare(q, k, v, startend_row_indices, causal, softmax_scale,
+                                                      block_mask, learnable_sink)
     do = _as_float_array("dout", dout, 4)
     b, sq, h, _ = qf.shape
     if do.shape != (b, sq, h, vh.shape[3]):
@@ -204,4 +229,8 @@ def attention_backward(q, k, v, dout, startend_row_indices=None, *, causal: bool
     dk_h = np.einsum("bhqk,bqhd->bkhd", ds, qf) * scale
     dk = dk_h.reshape(b, sk, hk, g, -1).sum(axis=3)
     dv = dv_h.reshape(b, sk, hk, g, -1).sum(axis=3)
-    return dq, dk, dv
+    if sink is None:
+        return dq, dk, dv
+    # the sink's value is 0, so the rows' D term is all its softmax gradient has
+    dsink = -(np.exp(sink - lse[..., None]) * delta).sum(axis=(0, 2, 3))
+    return dq, dk, dv, dsink

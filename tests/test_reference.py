@@ -362,3 +362,93 @@ def test_bad_dout():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="dout"):
         R.attention_backward(q, k, v, np.zeros((1, 4, 4, 2)))
+
+
+# ---------------------------------------------------------------------------
+# Learnable sinks: a virtual key of score sink[h] and value 0 in every row
+# ---------------------------------------------------------------------------
+
+
+def naive_sink_forward(q, k, v, sri, causal, sink, scale):
+    """The sink as an appended key column: scores [.., S_k + 1], value 0 for the extra key."""
+    B, Sq, H, _ = q.shape
+    _, Sk, Hk, Dv = v.shape
+    vis = R.dense_visibility(B, Sq, Sk, H, Hk, sri, causal=causal)
+    s = np.einsum("bqhd,bkhd->bhqk", q, np.repeat(k, H // Hk, axis=2)) * scale
+    s = np.concatenate([np.where(vis, s, -np.inf), np.broadcast_to(sink[None, :, None, None], (B, H, Sq, 1))], -1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    lse = np.log(p.sum(-1)) + s.max(-1)
+    p = p / p.sum(-1, keepdims=True)
+    vz = np.concatenate([np.repeat(v, H // Hk, axis=2), np.zeros((B, 1, H, Dv))], 1)
+    return np.einsum("bhqk,bkhd->bqhd", p, vz), lse
+
+
+@pytest.mark.parametrize("causal,C", [(True, 1), (False, 4)])
+def test_sink_forward_vs_appended_key(causal, C):
+    rng = np.random.default_rng(21)
+    B, S, H, Hk = 2, 9, 4, 2
+    q, k, v = rand_qkv(rng, B, S, S, H, Hk, 3, Dv=2)
+    sri = random_sri(rng, B, 1, S, S, causal, C)
+    sink = rng.standard_normal(H) * 2
+    out, lse = R.attention_forward(q, k, v, sri, causal=causal, softmax_scale=0.6, learnable_sink=sink)
+    want_out, want_lse = naive_sink_forward(q, k, v, sri, causal, sink, 0.6)
+    np.testing.assert_allclose(out, want_out, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-12)
+
+
+def test_sink_fully_masked_rows_give_zero_and_lse_sink():
+    rng = np.random.default_rng(22)
+    q, k, v = rand_qkv(rng, 1, 6, 6, 2, 1, 4)
+    sri = np.zeros((1, 1, 6, 1), np.int32)  # causal LTS = 0: every row masked
+    sink = np.array([0.5, -1.5])
+    dout = rng.standard_normal(q.shape)
+    with np.errstate(all="raise"):
+        out, lse = R.attention_forward(q, k, v, sri, causal=True, learnable_sink=sink)
+        grads = R.attention_backward(q, k, v, dout, sri, causal=True, learnable_sink=sink)
+    assert (out == 0).all()
+    np.testing.assert_array_equal(lse, np.broadcast_to(sink[None, :, None], lse.shape))
+    assert all((g == 0).all() for g in grads)  # no real key: D_row = 0, so dsink = 0 too
+
+
+@pytest.mark.parametrize("causal,C", [(True, 2), (False, 2)])
+def test_sink_backward_vs_finite_differences(causal, C):
+    rng = np.random.default_rng(23)
+    B, S, H, Hk = 1, 5, 2, 1
+    q, k, v = rand_qkv(rng, B, S, S, H, Hk, 3, Dv=2)
+    # column j masks rows [LTS, LTE) (causal) or [LTS, S) and [0, UTE): every head keeps rows that see keys
+    lts = rng.integers(S // 2, S + 1, size=(B, H, S))
+    second = np.minimum(lts + 1, S) if causal else rng.integers(0, 2, size=(B, H, S))
+    sri = np.stack([lts, second], -1).astype(np.int32)
+    sink = rng.standard_normal(H)
+    dout = rng.standard_normal((B, S, H, 2))
+    kw = dict(startend_row_indices=sri, causal=causal, softmax_scale=0.8)
+    with np.errstate(all="raise"):
+        dq, dk, dv, dsink = R.attention_backward(q, k, v, dout, learnable_sink=sink, **kw)
+    arrays = [q.copy(), k.copy(), v.copy(), sink.copy()]
+
+    def loss():
+        out, _ = R.attention_forward(*arrays[:3], learnable_sink=arrays[3], **kw)
+        return float((out * dout).sum())
+
+    eps = 1e-6
+    for a, got in zip(arrays, (dq, dk, dv, dsink)):
+        assert got.shape == a.shape
+        want = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            old = a[idx]
+            a[idx] = old + eps
+            lp = loss()
+            a[idx] = old - eps
+            want[idx] = (lp - loss()) / (2 * eps)
+            a[idx] = old
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-8)
+    assert np.abs(dsink).min() > 1e-3  # the sink's gradient is exercised, not trivially 0
+
+
+def test_sink_bad_shape():
+    rng = np.random.default_rng(24)
+    q, k, v = rand_qkv(rng, 1, 4, 4, 2, 2, 3)
+    with pytest.raises(ValueError, match="learnable_sink"):
+        R.attention_forward(q, k, v, learnable_sink=np.zeros(3))
+    with pytest.raises(ValueError, match="learnable_sink"):
+        R.attention_forward(q, k, v, learnable_sink=np.zeros((1, 2)))

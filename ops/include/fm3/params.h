@@ -18,7 +18,10 @@ typedef enum { FM3_FLOAT32 = 0, FM3_FLOAT16 = 1, FM3_BFLOAT16 = 2 } fm3_dtype;
  * pairs yaml/kernel_configs.yaml lists, e.g. MLA's 192 / 128). startend_row_indices is contiguous int32
  * [batch, mask_heads, seqlen_k, mask_cols]; block_mask (may be NULL) is
  * contiguous int32 [batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)].
- * softmax_lse is contiguous fp32 [batch, num_heads, seqlen_q], natural log. */
+ * softmax_lse is contiguous fp32 [batch, num_heads, seqlen_q], natural log. learnable_sink (may be
+ * NULL) is contiguous fp32 [num_heads]: one sink logit per query head, a virtual key of score
+ * learnable_sink[h] (the scaled scores' units) and value 0 in every row's softmax; out sums over the
+ * real keys, softmax_lse includes the sink (a row that sees no key: out 0, lse learnable_sink[h]). */
 typedef struct {
   const void* q;
   const void* k;
@@ -27,6 +30,7 @@ typedef struct {
   float* softmax_lse;
   const int32_t* startend_row_indices;
   const int32_t* block_mask;
+  const float* learnable_sink;
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
   int64_t v_batch_stride, v_row_stride, v_head_stride;
@@ -40,7 +44,10 @@ typedef struct {
 } fm3_fwd_params;
 
 /* Backward: fwd holds q, k, v, out, softmax_lse (inputs here) and the mask;
- * dout, dq, dk, dv share out's/q's/k's/v's strides respectively. workspace: NULL, or device
+ * dout, dq, dk, dv share out's/q's/k's/v's strides respectively. dq, dk, dv depend on the sink only
+ * through softmax_lse (the forward's, which includes it). dlearnable_sink: with fwd.learnable_sink,
+ * fp32 [num_heads], written (not added to) with -sum over batch and rows of
+ * exp(learnable_sink[h] - lse_row) * sum(dout_row * out_row); NULL skips it. workspace: NULL, or device
  * memory of workspace_bytes >= fm3_cuda_bwd_workspace_bytes(p), 256-byte aligned, that the GPU
  * backward uses instead of its own pool (a framework's allocator; unused on CPU). */
 typedef struct {
@@ -49,6 +56,7 @@ typedef struct {
   void* dq;
   void* dk;
   void* dv;
+  float* dlearnable_sink;
   int deterministic;
   void* workspace;
   size_t workspace_bytes;
