@@ -27,13 +27,13 @@ def good():
 
 def fwd(**kw):
     a = {**good(), **kw}
-    kernels._ext().fwd(a["q"], a["k"], a["v"], None, a["out"], a["lse"], None, True, 0.1, 0)
+    kernels._ext().fwd(a["q"], a["k"], a["v"], None, a["out"], a["lse"], None, None, True, 0.1, 0)
 
 
 def bwd(**kw):
     a = {**good(), **kw}
     kernels._ext().bwd(a["q"], a["k"], a["v"], a["out"], a["lse"], a["dout"], None, a["dq"], a["dk"], a["dv"],
-                       None, True, 0.1, False, 0)
+                       None, None, None, True, 0.1, False, 0)
 
 
 CASES = [
@@ -157,3 +157,29 @@ def test_misaligned_rows_are_value_errors():
     with pytest.raises(ValueError, match="softmax_scale must be a finite float32 > 0"):  # 0 once cast to float32
         kernels.flashmask_fwd(cuda["q"], cuda["k"], cuda["v"], None, cuda["out"], cuda["lse"], causal=True,
                               softmax_scale=1e-300)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(learnable_sink=CudaTagged(t(H, dtype=np.float16))), TypeError, "learnable_sink must be float32"),
+    (dict(learnable_sink=CudaTagged(t(H + 1, dtype=np.float32))), ValueError,
+     r"learnable_sink must have shape \[2\] \[num_heads\], got \[3\]"),
+    (dict(learnable_sink=CudaTagged(t(1, H, dtype=np.float32))), ValueError, "learnable_sink must have shape"),
+    (dict(learnable_sink=CudaTagged(t(2 * H, dtype=np.float32)[::2])), ValueError,
+     "learnable_sink must be contiguous"),
+    (dict(learnable_sink=t(H, dtype=np.float32)), ValueError, "learnable_sink must be a CUDA tensor"),
+    (dict(learnable_sink=[0.0, 1.0]), TypeError, "learnable_sink must implement __dlpack__"),
+    (dict(dlearnable_sink=CudaTagged(t(H, dtype=np.float32))), ValueError, "dlearnable_sink needs learnable_sink"),
+    (dict(learnable_sink=CudaTagged(t(H, dtype=np.float32)), dlearnable_sink=CudaTagged(t(H, dtype=np.float64))),
+     TypeError, "dlearnable_sink must be float32"),
+    (dict(learnable_sink=CudaTagged(t(H, dtype=np.float32)), dlearnable_sink=CudaTagged(t(1, dtype=np.float32))),
+     ValueError, "dlearnable_sink must have shape"),
+])
+def test_sink_argument_errors(kw, exc, match):
+    """The learnable sink and its gradient, checked before any CUDA call (the other tensors pass)."""
+    cuda = {n: CudaTagged(x) for n, x in good().items()}
+    if "dlearnable_sink" not in kw:  # the forward takes the sink alone
+        with pytest.raises(exc, match=match):
+            kernels.flashmask_fwd(cuda["q"], cuda["k"], cuda["v"], None, cuda["out"], cuda["lse"], causal=True, **kw)
+    with pytest.raises(exc, match=match):
+        kernels.flashmask_bwd(cuda["q"], cuda["k"], cuda["v"], cuda["out"], cuda["lse"], cuda["dout"], None,
+                              cuda["dq"], cuda["dk"], cuda["dv"], causal=True, **kw)

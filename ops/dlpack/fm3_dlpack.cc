@@ -143,6 +143,15 @@ void expect_mask_dims(const int64_t* shape) {
                             std::to_string(d) + " = " + std::to_string(shape[d]));
 }
 
+// A float32 [num_heads] contiguous CUDA tensor: the learnable sink and its gradient.
+void expect_sink(const View& v, int64_t num_heads) {
+  if (!(v.t->dtype.code == kDLFloat && v.t->dtype.bits == 32 && v.t->dtype.lanes == 1))
+    throw py::type_error(v.name + " must be float32");
+  expect_shape(v, {num_heads}, "[num_heads]");
+  if (!v.contiguous()) throw py::value_error(v.name + " must be contiguous");
+  expect_gpu(v);
+}
+
 // An int32 mask argument: a device pointer, uploading host-resident ones for the call.
 struct MaskArg {
   const int32_t* ptr = nullptr;
@@ -176,7 +185,7 @@ void stage_mask(const View& v, MaskArg& m, void* stream) {
 // staged masks and the forward params they fill. Built in place by prepare(); the staged masks
 // (host uploads) live as long as it does, i.e. across the kernel call.
 struct AttnCall {
-  View q, k, v, out, lse;
+  View q, k, v, out, lse, sink;
   MaskArg sri, bm;
   fm3_fwd_params p{};
 };
@@ -186,7 +195,7 @@ struct AttnCall {
 // counterpart {out, q, k, v} and required to share its strides (the C ABI has one set).
 // block_n_of / kind: whether the head dims (q/k, v) have a kernel of this kind ("" or "backward ").
 void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
-             py::object sri_, py::object block_mask_, bool causal, double softmax_scale, void* stream,
+             py::object sri_, py::object block_mask_, py::object sink_, bool causal, double softmax_scale, void* stream,
              const std::vector<const View*>& grads, int (*block_n_of)(int, int), const char* kind) {
   c.q = view("q", q_), c.k = view("k", k_), c.v = view("v", v_), c.out = view("out", out_), c.lse = view("lse", lse_);
   const View &q = c.q, &k = c.k, &v = c.v, &out = c.out, &lse = c.lse;
@@ -262,6 +271,11 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
   p.stream = stream;
   p.mask_heads = 1;
   p.mask_cols = 0;
+  if (!sink_.is_none()) {
+    c.sink = view("learnable_sink", sink_);
+    expect_sink(c.sink, H);
+    p.learnable_sink = static_cast<const float*>(c.sink.data());
+  }
 
   int64_t Hm = -1;
   View sri_view;
@@ -300,9 +314,9 @@ void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::objec
 }
 
 void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::object out_, py::object lse_,
-         py::object block_mask_, bool causal, double softmax_scale, uintptr_t stream_handle) {
+         py::object block_mask_, py::object sink_, bool causal, double softmax_scale, uintptr_t stream_handle) {
   AttnCall c;
-  prepare(c, q_, k_, v_, out_, lse_, sri_, block_mask_, causal, softmax_scale,
+  prepare(c, q_, k_, v_, out_, lse_, sri_, block_mask_, sink_, causal, softmax_scale,
           reinterpret_cast<void*>(stream_handle), {}, fm3_cuda_block_n, "");
   char err[1024] = {0};
   if (fm3_cuda_fwd(&c.p, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_fwd: ") + err);
@@ -311,15 +325,16 @@ void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::objec
 // Backward: the forward's checks (plus dout, dq, dk, dv) fill c and bp.
 struct BwdCall {
   AttnCall c;
+  View dsink;
   fm3_bwd_params bp{};
 };
 
 void prepare_bwd(BwdCall& b, py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
                  py::object dout_, py::object sri_, py::object dq_, py::object dk_, py::object dv_,
-                 py::object block_mask_, bool causal, double softmax_scale, bool deterministic,
-                 uintptr_t stream_handle) {
+                 py::object block_mask_, py::object sink_, py::object dsink_, bool causal, double softmax_scale,
+                 bool deterministic, uintptr_t stream_handle) {
   View dout = view("dout", dout_), dq = view("dq", dq_), dk = view("dk", dk_), dv = view("dv", dv_);
-  prepare(b.c, q_, k_, v_, out_, lse_, sri_, block_mask_, causal, softmax_scale,
+  prepare(b.c, q_, k_, v_, out_, lse_, sri_, block_mask_, sink_, causal, softmax_scale,
           reinterpret_cast<void*>(stream_handle), {&dout, &dq, &dk, &dv}, fm3_cuda_bwd_block_n, "backward ");
   b.bp.fwd = b.c.p;
   b.bp.dout = dout.data();
@@ -327,16 +342,23 @@ void prepare_bwd(BwdCall& b, py::object q_, py::object k_, py::object v_, py::ob
   b.bp.dk = dk.data();
   b.bp.dv = dv.data();
   b.bp.deterministic = deterministic ? 1 : 0;
+  if (!dsink_.is_none()) {
+    if (sink_.is_none()) throw py::value_error("dlearnable_sink needs learnable_sink (the sink the forward ran with)");
+    b.dsink = view("dlearnable_sink", dsink_);
+    expect_sink(b.dsink, b.c.q.shape[2]);
+    b.bp.dlearnable_sink = static_cast<float*>(b.dsink.data());
+  }
 }
 
 // The backward; workspace: None (the library's pool) or a contiguous uint8 tensor on the GPU of
 // at least bwd_workspace_bytes, 256-byte aligned.
 void bwd(py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_, py::object dout_,
-         py::object sri_, py::object dq_, py::object dk_, py::object dv_, py::object block_mask_, bool causal,
-         double softmax_scale, bool deterministic, uintptr_t stream_handle, py::object workspace_) {
+         py::object sri_, py::object dq_, py::object dk_, py::object dv_, py::object block_mask_,
+         py::object sink_, py::object dsink_, bool causal, double softmax_scale, bool deterministic,
+         uintptr_t stream_handle, py::object workspace_) {
   BwdCall b;
-  prepare_bwd(b, q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, causal, softmax_scale,
-              deterministic, stream_handle);
+  prepare_bwd(b, q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, sink_, dsink_, causal,
+              softmax_scale, deterministic, stream_handle);
   View ws;
   if (!workspace_.is_none()) {
     ws = view("workspace", workspace_);
@@ -359,11 +381,11 @@ void bwd(py::object q_, py::object k_, py::object v_, py::object out_, py::objec
 // The workspace bytes bwd with these arguments takes.
 size_t bwd_workspace_bytes(py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
                            py::object dout_, py::object sri_, py::object dq_, py::object dk_, py::object dv_,
-                           py::object block_mask_, bool causal, double softmax_scale, bool deterministic,
-                           uintptr_t stream_handle) {
+                           py::object block_mask_, py::object sink_, py::object dsink_, bool causal,
+                           double softmax_scale, bool deterministic, uintptr_t stream_handle) {
   BwdCall b;
-  prepare_bwd(b, q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, causal, softmax_scale,
-              deterministic, stream_handle);
+  prepare_bwd(b, q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, sink_, dsink_, causal,
+              softmax_scale, deterministic, stream_handle);
   return fm3_cuda_bwd_workspace_bytes(&b.bp);
 }
 
@@ -425,18 +447,19 @@ py::tuple segment_workload(py::array_t<int32_t, py::array::c_style | py::array::
 PYBIND11_MODULE(_fm3_dlpack, m) {
   m.doc() = "DLPack binding of the FlashMask Hopper kernels (libfm3_cuda.so)";
   m.def("fwd", &fwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("startend_row_indices"), py::arg("out"),
-        py::arg("lse"), py::arg("block_mask"), py::arg("causal"), py::arg("softmax_scale"), py::arg("stream"));
+        py::arg("lse"), py::arg("block_mask"), py::arg("learnable_sink"), py::arg("causal"), py::arg("softmax_scale"),
+        py::arg("stream"));
   m.def("block_summary", &block_summary, py::arg("startend_row_indices"), py::arg("out"), py::arg("causal"),
         py::arg("seqlen_q"), py::arg("block_n"), py::arg("stream"));
   m.def("block_n", &fm3_cuda_block_n, py::arg("head_dim"), py::arg("head_dim_v"));
   m.def("bwd", &bwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("dout"),
         py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("block_mask"),
-        py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"), py::arg("stream"),
-        py::arg("workspace") = py::none());
+        py::arg("learnable_sink"), py::arg("dlearnable_sink"), py::arg("causal"), py::arg("softmax_scale"),
+        py::arg("deterministic"), py::arg("stream"), py::arg("workspace") = py::none());
   m.def("bwd_workspace_bytes", &bwd_workspace_bytes, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("lse"), py::arg("dout"), py::arg("startend_row_indices"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
-        py::arg("block_mask"), py::arg("causal"), py::arg("softmax_scale"), py::arg("deterministic"),
-        py::arg("stream"));
+        py::arg("block_mask"), py::arg("learnable_sink"), py::arg("dlearnable_sink"), py::arg("causal"),
+        py::arg("softmax_scale"), py::arg("deterministic"), py::arg("stream"));
   m.def("release_workspace", &release_workspace);
   m.def("bwd_block_n", &fm3_cuda_bwd_block_n, py::arg("head_dim"), py::arg("head_dim_v"));
   m.def("segment_workload", &segment_workload, py::arg("startend_row_indices"), py::arg("segment_size"),

@@ -24,6 +24,7 @@ struct AttnArgs {
 struct FwdArgs : AttnArgs {
   void* out;
   float* lse;
+  const float* learnable_sink;  // [num_heads] or nullptr (fm3/params.h)
   const BlockSummary* summary;  // [batch, mask_heads, n_blocks] or nullptr (sri == nullptr)
   // Persistent WGMMA kernel only: query tiles (batch x heads x tiles) and the zeroed counter
   // from which CTAs take their next tile.
@@ -52,6 +53,10 @@ struct BwdArgs : AttnArgs {
   // are formed in key-block order. nullptr: parts are added in any order.
   int32_t* dq_semaphore;   // [batch, num_heads, lse_stride / block_m], zeroed
   int32_t* dq_chain_start; // [batch, mask_heads, n_mtiles]: first key block adding to the tile (bwd/dq_writer.cuh)
+  // The learnable sink and its gradient (fm3/params.h), nullptr without; the main kernels need
+  // neither: the sink reaches dQ, dK, dV only through lse.
+  const float* learnable_sink;
+  float* dlearnable_sink;
   int lse_stride;          // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
   float scale;             // softmax_scale
 };

@@ -6,6 +6,7 @@
 //                          (+inf for a fully masked row, so its P is exactly 0); clears dq_accum.
 //   bwd_convert_dq_kernel  dq = softmax_scale * dq_accum, cast to T (bwd_convert_dq_tiled_kernel:
 //                          from the WGMMA kernel's tile-blocked accumulator).
+//   bwd_sink_grad_kernel   the learnable sink's gradient from lse and delta.
 #pragma once
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -110,6 +111,33 @@ __global__ void __launch_bounds__(256)
     delta[w] = sum;
     lse2[w] = l == -CUDART_INF_F ? CUDART_INF_F : l * 1.4426950408889634f;
   }
+}
+
+// dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * delta: the sink's value is 0, so the
+// row term delta is all of its softmax gradient. One CTA per head adding in a fixed order, so the
+// result is bitwise repeatable. A row with lse -inf saw nothing (no sink in its lse) and adds 0.
+__global__ void __launch_bounds__(256)
+    bwd_sink_grad_kernel(const float* __restrict__ lse, const float* __restrict__ delta,
+                         const float* __restrict__ sink, float* __restrict__ dsink, int batch, int num_heads,
+                         int seqlen_q, int lse_stride) {
+  const int h = blockIdx.x;
+  const float s = sink[h];
+  float sum = 0.f;
+  for (int b = 0; b < batch; ++b) {
+    const int64_t bh = static_cast<int64_t>(b) * num_heads + h;
+    for (int i = threadIdx.x; i < seqlen_q; i += blockDim.x) {
+      const float l = lse[bh * seqlen_q + i];
+      if (l != -CUDART_INF_F) sum += expf(s - l) * delta[bh * lse_stride + i];
+    }
+  }
+  __shared__ float part[256];
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int n = blockDim.x / 2; n > 0; n >>= 1) {
+    if (threadIdx.x < n) part[threadIdx.x] += part[threadIdx.x + n];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) dsink[h] = -part[0];
 }
 
 // dq[b, i, h, :] = scale * dq_accum cast to T, from the row-major accumulator

@@ -2,7 +2,7 @@
 // caller's, or the library pool's, workspace.cu: lse2, delta, block summary at the backward's
 // block_n via fm3_cuda_block_summary, fp32 dQ accumulator), runs block summary -> preprocess (which
 // also clears the accumulator) -> main kernel -> dQ conversion (the mma.sync fallback: the
-// row-parallel dQ pass when deterministic),
+// row-parallel dQ pass when deterministic), and the learnable sink's gradient after the preprocess,
 // with the tile config generated from yaml/kernel_configs.yaml
 // (FM3_SM90_BWD_CONFIGS). C ABI: fm3_cuda_bwd (fm3_cuda.h).
 #include <cuda_bf16.h>
@@ -148,6 +148,12 @@ int dispatch(const BwdArgs& args, bool deterministic, const void* out, const flo
         const_cast<float*>(args.lse2), args.dq_accum, args.o_bs, args.o_rs, args.o_hs, args.num_heads,          \
         args.seqlen_q, args.lse_stride, rows);                                                                  \
     FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
+    if (args.dlearnable_sink != nullptr) {                                                                      \
+      bwd_sink_grad_kernel<<<args.num_heads, 256, 0, stream>>>(lse, args.delta, args.learnable_sink,            \
+                                                              args.dlearnable_sink, args.batch, args.num_heads, \
+                                                              args.seqlen_q, args.lse_stride);                  \
+      FM3_CUDA_CHECK(cudaGetLastError());                                                                        \
+    }                                                                                                           \
     if constexpr (wgmma) {                                                                                      \
       const int rc = launch_wgmma<T, tile, hd, bm, bn, st>(args, stream, err, err_len);                \
       if (rc >= 0) return rc;                                                                                   \
@@ -169,6 +175,8 @@ int check_params(const fm3_bwd_params* bp, char* err, size_t err_len) {
   const void* grads[] = {bp->dout, bp->dq, bp->dk, bp->dv};
   for (const void* ptr : grads)
     if (!aligned16(ptr)) return fail(err, err_len, "dout, dq, dk and dv must be 16-byte aligned");
+  if (bp->dlearnable_sink != nullptr && bp->fwd.learnable_sink == nullptr)
+    return fail(err, err_len, "dlearnable_sink needs learnable_sink (the gradient of which sink?)");
   return 0;
 }
 
@@ -251,6 +259,8 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.dv = bp->dv;
   a.lse_stride = w.lse_stride;
   a.scale = p->softmax_scale;
+  a.learnable_sink = p->learnable_sink;
+  a.dlearnable_sink = bp->dlearnable_sink;
   const int mask_heads = a.mask_heads;
   const int block_n = bwd_block_n(p->head_dim, p->head_dim_v);
 

@@ -167,6 +167,7 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
   fill_attn_args(a, p);
   a.out = p->out;
   a.lse = p->softmax_lse;
+  a.learnable_sink = p->learnable_sink;
   // Workspace: [tile counter (256 bytes)][block summary (when there is a mask)].
   const size_t summary_bytes = p->startend_row_indices != nullptr
                                    ? sizeof(fm3::BlockSummary) * static_cast<size_t>(p->batch) * a.mask_heads * n_blocks

@@ -264,10 +264,11 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
   cp_async_wait<0>();
   __syncthreads();
   float* lse = a.lse + (static_cast<int64_t>(b) * a.num_heads + h) * a.seqlen_q;
+  const float sink = sink_log2(a.learnable_sink, h);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const RowEnd e(row_sum[r]);
-    const float inv = e.inv();
+    const RowEnd e(row_sum[r], row_max[r], sink);
+    const float inv = e.o_scale;
     const int row_local = warp_row + g + r * 8;
 #pragma unroll
     for (int d = 0; d < Tr::kOTiles; ++d) {
@@ -275,7 +276,7 @@ __global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
       *reinterpret_cast<uint32_t*>(dst) = Mma<T>::pack(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
     }
     const int row = m0 + row_local;
-    if (t == 0 && row < a.seqlen_q) lse[row] = e.lse(row_max[r]);
+    if (t == 0 && row < a.seqlen_q) lse[row] = e.lse;
   }
   __syncwarp();
   T* og = static_cast<T*>(a.out) + b * a.o_bs + h * a.o_hs;

@@ -105,21 +105,34 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // The forward's end of a query row: l, the row's sum (this thread's share plus its quad's, the other
-// three threads holding the row), gives 1 / l for O and lse = (row maximum in log2 units + log2 l)
-// * ln 2. A row that saw no key (l = 0) gets 0 and lse -inf: a fully masked row is 0, never NaN.
+// three threads holding the row), gives the factor for O and lse = (row maximum m + log2 l) * ln 2
+// (m, l in log2 units). A learnable sink (sink_log2 > -inf: a virtual key of that score and value 0)
+// joins the denominator, shifted to max(m, sink) so that a large sink cannot overflow. A row that
+// saw no key gets O = 0 and lse -inf (with a sink: the sink's): a fully masked row is 0, never NaN.
 struct RowEnd {
-  float l;
-  bool empty;
-  __device__ __forceinline__ explicit RowEnd(float row_sum_share) {
-    l = row_sum_share;
+  float o_scale;  // multiplies the row's unnormalized O
+  float lse;      // natural log
+  __device__ __forceinline__ RowEnd(float row_sum_share, float row_max_log2, float sink_log2) {
+    float l = row_sum_share;
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    empty = !(l > 0.f);
-  }
-  __device__ __forceinline__ float inv() const { return empty ? 0.f : 1.f / l; }
-  __device__ __forceinline__ float lse(float row_max_log2) const {
-    return empty ? -CUDART_INF_F : (row_max_log2 + __log2f(l)) * 0.6931471805599453f;
+    float m = row_max_log2;
+    float alpha = 1.f;  // rescales l and O from m to the shifted maximum
+    if (sink_log2 != -CUDART_INF_F) {
+      const float mn = fmaxf(m, sink_log2);
+      alpha = exp2f(m - mn);  // 0 when no key was seen (m = -inf)
+      l = l * alpha + exp2f(sink_log2 - mn);
+      m = mn;
+    }
+    const bool empty = !(l > 0.f);
+    o_scale = empty ? 0.f : alpha / l;
+    lse = empty ? -CUDART_INF_F : (m + __log2f(l)) * 0.6931471805599453f;
   }
 };
+
+// The sink of query head h in log2 units, -inf without one (RowEnd).
+__device__ __forceinline__ float sink_log2(const float* learnable_sink, int h) {
+  return learnable_sink != nullptr ? __ldg(learnable_sink + h) * 1.4426950408889634f : -CUDART_INF_F;
+}
 
 }  // namespace fm3::hopper

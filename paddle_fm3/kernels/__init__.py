@@ -101,7 +101,7 @@ def _check_stream(stream) -> None:
 
 def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
                   softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
-                  stream: int = 0) -> None:
+                  learnable_sink=None, stream: int = 0) -> None:
     """FlashMask attention forward on the GPU, written into caller-allocated ``out`` and ``lse``.
 
     Args:
@@ -114,13 +114,17 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
             if causal, 2|4 otherwise; see :mod:`paddle_fm3.masks`), or None (no mask beyond
             ``causal``, or the mask of ``window_size``).
         out: ``[B, S_q, H, D_v]``, q's dtype, written.
-        lse: float32 contiguous ``[B, H, S_q]``, written: natural-log log-sum-exp; ``-inf`` for a
-            row with no visible key (its ``out`` row is 0).
+        lse: float32 contiguous ``[B, H, S_q]``, written: natural-log log-sum-exp (including the
+            sink's ``exp(learnable_sink[h])``); ``-inf`` for a row with no visible key and no sink
+            (its ``out`` row is 0).
         causal: causal flag (bottom-right aligned when ``S_q != S_k``).
         softmax_scale: default ``D ** -0.5``; must be > 0.
         window_size: int or (left, right); converted with :func:`paddle_fm3.masks.window_to_startend`
             (Paddle's rule); only when ``startend_row_indices`` is None.
         block_mask: optional int32 ``[B, H_mask, ceil(S_q/128), ceil(S_k/128)]``, 1 = keep.
+        learnable_sink: optional float32 contiguous CUDA ``[H]``: one sink logit per query head, a
+            virtual key of that score (the scaled scores' units) and value 0 in every row's
+            softmax (gpt-oss; :mod:`paddle_fm3.reference` defines it).
         stream: raw ``cudaStream_t`` handle (int); 0 = the default stream.
 
     Raises:
@@ -130,7 +134,8 @@ def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
     """
     startend_row_indices, causal, softmax_scale = _common_args(
         q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
-    _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, causal, softmax_scale, int(stream))
+    _ext().fwd(q, k, v, startend_row_indices, out, lse, block_mask, learnable_sink, causal, softmax_scale,
+               int(stream))
 
 
 def bwd_block_n(head_dim: int, head_dim_v: Optional[int] = None) -> int:
@@ -141,7 +146,8 @@ def bwd_block_n(head_dim: int, head_dim_v: Optional[int] = None) -> int:
 
 def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,
                   softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
-                  deterministic: bool = False, stream: int = 0, workspace=None) -> None:
+                  learnable_sink=None, dlearnable_sink=None, deterministic: bool = False, stream: int = 0,
+                  workspace=None) -> None:
     """FlashMask attention backward on the GPU, written into caller-allocated ``dq``, ``dk``, ``dv``.
 
     Column-parallel FlashAttention-2 backward (Dao, 2023, Alg. 2) with FlashMask block skipping
@@ -160,6 +166,10 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
         dout: ``[B, S_q, H, D]`` gradient of the loss w.r.t. ``out``; same strides as ``out``.
         dq: ``[B, S_q, H, D]``, written; same strides as ``q``.
         dk, dv: ``[B, S_k, H_k, D]``, written; same strides as ``k`` / ``v``.
+        learnable_sink: the forward's (its ``lse`` includes the sink, which is all dq, dk, dv need).
+        dlearnable_sink: optional float32 contiguous CUDA ``[H]``, written with the sink's gradient
+            ``-sum over batch and rows of exp(sink[h] - lse) * sum(dout * out)`` (in a fixed order,
+            bitwise repeatable); needs ``learnable_sink``.
         deterministic: order the dQ accumulation (bitwise repeatable, slower).
         workspace: ``None`` (the library's workspace pool, which keeps its memory between calls:
             :func:`release_workspace`), or a contiguous 1-D uint8 GPU tensor of at least
@@ -171,12 +181,13 @@ def flashmask_bwd(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, 
         RuntimeError: a CUDA error from the kernel launch.
     """
     _ext().bwd(*_bwd_args(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, causal, softmax_scale,
-                          window_size, block_mask, deterministic, stream), workspace)
+                          window_size, block_mask, learnable_sink, dlearnable_sink, deterministic, stream), workspace)
 
 
 def bwd_workspace_bytes(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, *, causal: bool,
                         softmax_scale: Optional[float] = None, window_size=None, block_mask=None,
-                        deterministic: bool = False, stream: int = 0) -> int:
+                        learnable_sink=None, dlearnable_sink=None, deterministic: bool = False,
+                        stream: int = 0) -> int:
     """Bytes of GPU workspace :func:`flashmask_bwd` takes with these arguments: the fp32 dQ
     accumulator (4 bytes per element of ``q``, rows padded to 128), lse2 and delta rows, the block
     summary with ``startend_row_indices``, and with ``deterministic=True`` the dQ order's counters
@@ -187,20 +198,20 @@ def bwd_workspace_bytes(q, k, v, out, lse, dout, startend_row_indices, dq, dk, d
     Raises: as :func:`flashmask_bwd`'s checks (TypeError, ValueError), before any kernel.
     """
     return int(_ext().bwd_workspace_bytes(*_bwd_args(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv,
-                                                     causal, softmax_scale, window_size, block_mask, deterministic,
-                                                     stream)))
+                                                     causal, softmax_scale, window_size, block_mask, learnable_sink,
+                                                     dlearnable_sink, deterministic, stream)))
 
 
 def _bwd_args(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, causal, softmax_scale, window_size,
-              block_mask, deterministic, stream):
+              block_mask, learnable_sink, dlearnable_sink, deterministic, stream):
     """The backward's arguments checked and in the extension's order (its bwd and bwd_workspace_bytes)."""
     deterministic = _checks.check_bool("deterministic", deterministic)
     for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
         _shape(name, x)
     startend_row_indices, causal, softmax_scale = _common_args(
         q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
-    return (q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, causal, softmax_scale,
-            deterministic, int(stream))
+    return (q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, learnable_sink, dlearnable_sink,
+            causal, softmax_scale, deterministic, int(stream))
 
 
 def release_workspace() -> None:

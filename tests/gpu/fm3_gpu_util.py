@@ -46,8 +46,9 @@ def run_kernel(q, k, v, sri, causal, **kw):
     return out, lse
 
 
-def torch_reference(q, k, v, vis, scale):
-    """fp32 dense reference on the GPU; vis: bool [B, H, S_q, S_k] (numpy, possibly broadcast)."""
+def torch_reference(q, k, v, vis, scale, learnable_sink=None):
+    """fp32 dense reference on the GPU; vis: bool [B, H, S_q, S_k] (numpy, possibly broadcast);
+    learnable_sink: numpy [H] or None (reference.py's meaning: joins each row's denominator)."""
     b, sq, h, d = q.shape
     hk = k.shape[2]
     out = torch.zeros(b, sq, h, v.shape[3], device="cuda", dtype=torch.float32)
@@ -59,23 +60,27 @@ def torch_reference(q, k, v, vis, scale):
             m = torch.from_numpy(np.ascontiguousarray(vis[bi, hi])).cuda()
             s = s.masked_fill(~m, float("-inf"))
             l = torch.logsumexp(s, dim=-1)
+            if learnable_sink is not None:
+                l = torch.logaddexp(l, torch.full_like(l, float(learnable_sink[hi])))
             has = m.any(dim=-1)
             p = torch.where(has[:, None], torch.exp(s - l[:, None]), torch.zeros_like(s))
             out[bi, :, hi] = p @ v[bi, :, kv].float()
-            lse[bi, hi] = torch.where(has, l, torch.full_like(l, float("-inf")))
+            lse[bi, hi] = l if learnable_sink is not None else torch.where(has, l, torch.full_like(l, float("-inf")))
     return out, lse
 
 
 def check(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_mask=None,
-          window_size=None, sri_dev=None, dense=None):
-    """Run the kernel and compare with the float64 numpy oracle (small) or fp32 torch (large)."""
+          window_size=None, sri_dev=None, dense=None, learnable_sink=None):
+    """Run the kernel and compare with the float64 numpy oracle (small) or fp32 torch (large);
+    learnable_sink: numpy float32 [H] or None."""
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if softmax_scale is None else softmax_scale
     arg = sri_dev if sri_dev is not None else (None if sri_np is None else torch.from_numpy(sri_np).cuda())
     bm_dev = None if block_mask is None else torch.from_numpy(block_mask).cuda()
+    sink_dev = None if learnable_sink is None else torch.from_numpy(learnable_sink).cuda()
     out, lse = run_kernel(q, k, v, arg, causal, softmax_scale=softmax_scale, block_mask=bm_dev,
-                          window_size=window_size)
+                          window_size=window_size, learnable_sink=sink_dev)
     assert not torch.isnan(out).any(), "NaN (or unwritten element) in out"
     assert not torch.isnan(lse).any(), "NaN (or unwritten element) in lse"
     ref_sri = sri_np
@@ -86,12 +91,13 @@ def check(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_mask
     if dense:
         ro, rl = reference.attention_forward(q.float().cpu().numpy(), k.float().cpu().numpy(),
                                              v.float().cpu().numpy(), ref_sri, causal=causal,
-                                             softmax_scale=scale, block_mask=block_mask)
+                                             softmax_scale=scale, block_mask=block_mask,
+                                             learnable_sink=learnable_sink)
         ro = torch.from_numpy(ro).cuda()
         rl = torch.from_numpy(rl).cuda()
-    else:
-        vis = reference.dense_visibility(b, sq, sk, h, hk, ref_sri, causal=causal, block_mask=block_mask)
-        ro, rl = torch_reference(q, k, v, vis, scale)
+    vis = reference.dense_visibility(b, sq, sk, h, hk, ref_sri, causal=causal, block_mask=block_mask)
+    if not dense:
+        ro, rl = torch_reference(q, k, v, vis, scale, learnable_sink)
     o64, r64 = out.double(), ro.double()
     err = (torch.linalg.vector_norm(o64 - r64) / torch.linalg.vector_norm(r64).clamp_min(1e-30)).item()
     assert err <= TOL[dtype_name], f"relative error {err:.3e} > {TOL[dtype_name]}"
@@ -101,7 +107,7 @@ def check(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_mask
     if fin.any():
         lerr = (lse.double()[fin] - rl.double()[fin]).abs().max().item()
         assert lerr <= 2e-3, f"lse max abs error {lerr:.3e}"
-    empty = ~fin  # [B, H, S_q] -> out rows must be exactly 0
+    empty = torch.from_numpy(~vis.any(axis=-1)).cuda()  # [B, H, S_q]: rows that see no key must be exactly 0
     if empty.any():
         rows = out.permute(0, 2, 1, 3)[empty]
         assert torch.all(rows == 0), "fully masked rows must be 0"

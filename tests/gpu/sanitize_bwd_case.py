@@ -1,5 +1,5 @@
 """Small backward cases for compute-sanitizer (memcheck / racecheck): every head dim, GQA, partial
-blocks, tail tiles (S_q != S_k, odd), both dQ modes."""
+blocks, tail tiles (S_q != S_k, odd), both dQ modes, with and without a learnable sink."""
 import numpy as np
 import torch
 
@@ -17,7 +17,10 @@ for d, dv in _config.SM90_HEAD_DIMS:  # every head-dim pair of yaml/kernel_confi
     lse = torch.randn(1, 2, sq, device="cuda") + 5.0
     for det in (False, True):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=fm.causal, deterministic=det)
+        sink, dsink = (torch.randn(2, device="cuda"), torch.empty(2, device="cuda")) if det else (None, None)
+        kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=fm.causal, deterministic=det,
+                              learnable_sink=sink, dlearnable_sink=dsink)
         torch.cuda.synchronize()
         assert not torch.isnan(dq).any() and not torch.isnan(dk).any() and not torch.isnan(dv).any()
+        assert dsink is None or not torch.isnan(dsink).any()
 print("sanitize bwd case ok")

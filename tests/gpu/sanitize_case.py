@@ -9,7 +9,7 @@ import torch
 from paddle_fm3 import _config, kernels, masks
 
 
-def run(s, family, dims):
+def run(s, family, dims, sink=False):
     d, dv = dims
     fm = masks.FAMILIES[family](s, np.random.default_rng(0))
     sri = torch.from_numpy(np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)).cuda()
@@ -18,13 +18,15 @@ def run(s, family, dims):
     v = torch.randn(1, s, 1, dv, device="cuda").to(torch.bfloat16)
     out = torch.empty(1, s, 2, dv, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(1, 2, s, device="cuda")
-    kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=fm.causal)
+    learnable_sink = torch.randn(2, device="cuda") if sink else None
+    kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=fm.causal, learnable_sink=learnable_sink)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any()
 
 
 for d in _config.SM90_HEAD_DIMS:  # every head-dim pair of yaml/kernel_configs.yaml
     run(200, "global_sliding_window", d)
+    run(200, "causal_document", d, sink=True)
 os.environ["FM3_FWD_GRID"] = "2"  # read per call by the launcher
 for d in _config.SM90_HEAD_DIMS:
     for family in ("full", "document"):

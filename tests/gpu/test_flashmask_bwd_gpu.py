@@ -57,20 +57,27 @@ def assert_close(dtype_name, case, **pairs):
     return errs
 
 
-def run_bwd(q, k, v, out, lse, do, sri_dev, causal, *, deterministic=False, poison=True, **kw):
+def run_bwd(q, k, v, out, lse, do, sri_dev, causal, *, deterministic=False, poison=True, learnable_sink=None,
+            **kw):
+    """dq, dk, dv (and with learnable_sink, a CUDA float32 [H], its gradient too) from poisoned buffers."""
     fill = float("nan") if poison else 0.0
     dq = torch.full_like(q, fill)
     dk = torch.full_like(k, fill)
     dv = torch.full_like(v, fill)
+    grads = (dq, dk, dv)
+    if learnable_sink is not None:
+        grads += (torch.full_like(learnable_sink, fill),)
+        kw.update(learnable_sink=learnable_sink, dlearnable_sink=grads[3])
     kernels.flashmask_bwd(q, k, v, out, lse, do, sri_dev, dq, dk, dv, causal=causal,
                           deterministic=deterministic, **kw)
     torch.cuda.synchronize()
-    return dq, dk, dv
+    return grads
 
 
 def check_bwd(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_mask=None, window_size=None,
-              deterministic=False, seed=0):
-    """Run the backward on reference out/lse and a random dout; compare dq, dk, dv with float64."""
+              deterministic=False, seed=0, learnable_sink=None):
+    """Run the backward on reference out/lse and a random dout; compare dq, dk, dv (and the gradient of
+    learnable_sink, numpy float32 [H], when given) with float64."""
     b, sq, h, d = q.shape
     sk = k.shape[1]
     ref_sri = sri_np
@@ -78,27 +85,49 @@ def check_bwd(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_
         ref_sri = masks.window_to_startend(window_size, sq, sk, b, causal)
     qn, kn, vn = (x.float().cpu().numpy() for x in (q, k, v))
     ro, rl = reference.attention_forward(qn, kn, vn, ref_sri, causal=causal, softmax_scale=softmax_scale,
-                                         block_mask=block_mask)
+                                         block_mask=block_mask, learnable_sink=learnable_sink)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     do = torch.randn(ro.shape, device="cuda", dtype=torch.float32, generator=g).to(q.dtype)
     # numpy einsum may return strided arrays; the C ABI wants dout to share out's strides
     out = torch.from_numpy(np.ascontiguousarray(ro)).cuda().to(q.dtype)
     lse = torch.from_numpy(np.ascontiguousarray(rl)).cuda().float()
-    rdq, rdk, rdv = reference.attention_backward(qn, kn, vn, do.float().cpu().numpy(), ref_sri, causal=causal,
-                                                 softmax_scale=softmax_scale, block_mask=block_mask)
+    ref = reference.attention_backward(qn, kn, vn, do.float().cpu().numpy(), ref_sri, causal=causal,
+                                       softmax_scale=softmax_scale, block_mask=block_mask,
+                                       learnable_sink=learnable_sink)
+    rdq, rdk, rdv = ref[:3]
     sri_dev = None if sri_np is None else torch.from_numpy(sri_np).cuda()
     bm_dev = None if block_mask is None else torch.from_numpy(block_mask).cuda()
-    dq, dk, dv = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=deterministic,
-                         softmax_scale=softmax_scale, block_mask=bm_dev, window_size=window_size)
-    for name, x in (("dq", dq), ("dk", dk), ("dv", dv)):
+    sink_dev = None if learnable_sink is None else torch.from_numpy(learnable_sink).cuda()
+    grads = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=deterministic,
+                    softmax_scale=softmax_scale, block_mask=bm_dev, window_size=window_size,
+                    learnable_sink=sink_dev)
+    dq, dk, dv = grads[:3]
+    for name, x in zip(("dq", "dk", "dv", "dlearnable_sink"), grads):
         assert not torch.isnan(x).any(), f"NaN (or unwritten element) in {name}"
     case = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
     errs = assert_close(dtype_name, case, dq=(dq, rdq), dk=(dk, rdk), dv=(dv, rdv))
-    empty = ~np.isfinite(rl)  # [B, H, S_q]: fully masked rows -> dq rows exactly 0
+    if learnable_sink is not None:
+        check_dsink(grads[3], learnable_sink, lse, out, do, ref[3], dtype_name)
+    vis = reference.dense_visibility(b, sq, sk, h, k.shape[2], ref_sri, causal=causal, block_mask=block_mask)
+    empty = ~vis.any(axis=-1)  # [B, H, S_q]: fully masked rows -> dq rows exactly 0
     if empty.any():
-        rows = dq.permute(0, 2, 1, 3)[torch.from_numpy(empty).cuda()]
+        rows = dq.permute(0, 2, 1, 3)[torch.from_numpy(np.ascontiguousarray(empty)).cuda()]
         assert torch.all(rows == 0), "fully masked rows must have dq == 0"
-    return errs, (dq, dk, dv), (out, lse, do)
+    return errs, grads, (out, lse, do)
+
+
+def check_dsink(dsink, sink, lse, out, do, exact, dtype_name):
+    """The sink's gradient, a sum over every row of terms t = -exp(sink - lse) * sum(dout * out) of
+    either sign, measured against the sum of |t| (a reduction's condition): within fp32 summation
+    (1e-5) of the float64 sum over the inputs it was given (out in the input dtype), and within the
+    dtype's tolerance of the exact gradient (``exact``: the reference's, from the unrounded out)."""
+    lse64 = lse.double().cpu().numpy()
+    d_row = (do.double() * out.double()).sum(-1).permute(0, 2, 1).cpu().numpy()  # [B, H, S_q]
+    terms = -np.exp(sink.astype(np.float64)[None, :, None] - lse64) * d_row
+    scale = np.maximum(np.abs(terms).sum(axis=(0, 2)), 1e-30)
+    got = dsink.double().cpu().numpy()
+    assert np.all(np.abs(got - terms.sum(axis=(0, 2))) <= 1e-5 * scale), (got, terms.sum(axis=(0, 2)), scale)
+    assert np.all(np.abs(got - exact) <= BWD_TOL[dtype_name] * scale), (got, exact, scale)
 
 
 # All 12 families x head dims x dtypes, odd length 129, GQA (4 query heads on 2 kv heads), batch 2.
@@ -367,3 +396,90 @@ def test_head_dims_without_mma_sync_say_so(d, monkeypatch):
     lse = torch.zeros(1, 2, 64, device="cuda")
     with pytest.raises(RuntimeError, match=rf"head_dim {d[0]} / head_dim_v {d[1]} runs on the WGMMA backward only"):
         run_bwd(q, k, v, out, lse, torch.randn_like(out), None, True)
+
+
+# Learnable sinks: dq, dk, dv see the sink only through lse; its own gradient is a fixed-order sum.
+def sink_logits(h, seed, scale=2.0):
+    return (np.random.default_rng(seed).standard_normal(h) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sink_families(family, d):
+    seed = zlib.crc32(repr(("sink", family, d)).encode())
+    sri, causal = family_mask(family, 129, seed, batch=2)
+    q, k, v = make_qkv(2, 129, 129, 4, 2, d, DTYPES["bf16"], seed)
+    check_bwd(q, k, v, sri, causal, "bf16", seed=seed, learnable_sink=sink_logits(4, seed))
+
+
+@pytest.mark.parametrize("d,dtype", [(64, "fp16"), (128, "bf16"), (256, "fp16"), ((192, 128), "bf16")],
+                         ids=["d64", "d128", "d256", "d192v128"])
+def test_sink_long_fully_masked_and_extreme(d, dtype):
+    """S 1000, fully masked rows (lse = the sink there), sinks far above and below the scores."""
+    s = 1000
+    sri = np.zeros((1, 1, s, 2), dtype=np.int32)
+    sri[..., 0], sri[..., 1] = 300, 420
+    sinks = np.array([30.0, -30.0, 0.7, -1.2], np.float32)
+    q, k, v = make_qkv(1, s, s, 4, 2, d, DTYPES[dtype], 18)
+    check_bwd(q, k, v, sri, True, dtype, seed=18, learnable_sink=sinks)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
+def test_sink_deterministic(d):
+    """The sink's gradient is bitwise repeatable in both modes (it has one order); dq in deterministic mode."""
+    sri, causal = family_mask("causal_document", 700, 35)
+    q, k, v = make_qkv(2, 700, 700, 4, 2, d, DTYPES["bf16"], 35)
+    sinks = sink_logits(4, 35)
+    _, g1, (out, lse, do) = check_bwd(q, k, v, sri, causal, "bf16", deterministic=True, seed=35,
+                                      learnable_sink=sinks)
+    sri_dev, sink_dev = torch.from_numpy(sri).cuda(), torch.from_numpy(sinks).cuda()
+    for det in (True, False):
+        g2 = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=det, learnable_sink=sink_dev)
+        assert torch.equal(g1[3], g2[3]) and torch.equal(g1[1], g2[1]) and torch.equal(g1[2], g2[2])
+        if det:
+            assert torch.equal(g1[0], g2[0])
+
+
+@pytest.mark.parametrize("d", BWD_FALLBACK_DIMS)
+def test_sink_mma_sync_fallback(d, monkeypatch):
+    monkeypatch.setenv("FM3_BWD_KERNEL", "mma_sync")
+    for i, family in enumerate(["causal", "document", "global_sliding_window"]):
+        sri, causal = family_mask(family, 333, 900 + i)
+        q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES["bf16"], 910 + i)
+        check_bwd(q, k, v, sri, causal, "bf16", seed=910 + i, learnable_sink=sink_logits(4, i))
+
+
+@pytest.mark.parametrize("window", [None, 128])
+def test_sink_fwd_bwd_chain_vs_autograd_gpt_oss(window):
+    """gpt-oss attention (head dim 64, 64 query / 8 kv heads, sliding window 128 or causal), S 2048:
+    our forward then backward against torch autograd of the fp32 dense softmax with the sink appended
+    as an extra key column (an independent formulation), the sink's gradient included."""
+    s, h, hk, d = 2048, 64, 8, 64
+    q, k, v = make_qkv(1, s, s, h, hk, d, DTYPES["bf16"], 19)
+    sinks = torch.from_numpy(sink_logits(h, 19)).cuda()
+    g = torch.Generator(device="cuda").manual_seed(20)
+    do = torch.randn(1, s, h, d, device="cuda", generator=g).to(q.dtype)
+    sri = None if window is None else torch.from_numpy(masks.sliding_window(s, window).startend_row_indices).cuda()
+    out = torch.full((1, s, h, d), float("nan"), device="cuda", dtype=q.dtype)
+    lse = torch.full((1, h, s), float("nan"), device="cuda")
+    kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=True, learnable_sink=sinks)
+    dq, dk, dv, dsink = run_bwd(q, k, v, out, lse, do, sri, True, learnable_sink=sinks)
+
+    qf, kf, vf, sf = (x.detach().float().requires_grad_() for x in (q, k, v, sinks))
+    kr, vr = kf.repeat_interleave(h // hk, dim=2), vf.repeat_interleave(h // hk, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", qf, kr) * d ** -0.5
+    i = torch.arange(s, device="cuda")
+    vis = i[None, :] <= i[:, None]
+    if window is not None:
+        vis &= i[:, None] - i[None, :] <= window  # masks.sliding_window: keys [i - window, i]
+    scores = scores.masked_fill(~vis, float("-inf"))
+    logits = torch.cat([scores, sf[None, :, None, None].expand(1, h, s, 1)], dim=-1)
+    p = torch.softmax(logits, dim=-1)[..., :s]
+    ref = torch.einsum("bhqk,bkhd->bqhd", p, vr)
+    ref.backward(do.float())
+    ref_lse = torch.logsumexp(logits, dim=-1)
+    for name, x, r in (("out", out, ref), ("dq", dq, qf.grad), ("dk", dk, kf.grad), ("dv", dv, vf.grad)):
+        err = (torch.linalg.vector_norm(x.double() - r.double()) / torch.linalg.vector_norm(r.double())).item()
+        assert err <= BWD_TOL["bf16"], f"{name}: relative error {err:.3e}"
+    assert (lse - ref_lse.detach()).abs().max().item() <= 2e-3
+    check_dsink(dsink, sinks.cpu().numpy(), lse, out, do, sf.grad.double().cpu().numpy(), "bf16")

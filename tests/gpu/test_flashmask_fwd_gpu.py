@@ -246,3 +246,58 @@ def test_unserved_head_dim_pair_is_a_value_error():
     q, k, v = make_qkv(1, 64, 64, 2, 2, (128, 96), torch.bfloat16, 0)
     with pytest.raises(ValueError, match="head_dim 128 .q, k. with head_dim_v 96 .v. has no sm90 kernel"):
         run_kernel(q, k, v, None, True)
+
+
+# Learnable sinks (reference.py's meaning): the sink joins each row's denominator at the epilogue.
+def sink_logits(h, seed, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(h) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sink_families(family, d):
+    seed = zlib.crc32(repr(("sink", family, d)).encode())
+    sri, causal = family_mask(family, 129, seed, batch=2)
+    q, k, v = make_qkv(2, 129, 129, 4, 2, d, DTYPES["bf16"], seed)
+    check(q, k, v, sri, causal, "bf16", learnable_sink=sink_logits(4, seed, 2.0))
+
+
+@pytest.mark.parametrize("sink", [40.0, -40.0, 0.0])
+@pytest.mark.parametrize("d,dtype", [(64, "fp16"), (128, "bf16"), ((192, 128), "bf16")], ids=["d64", "d128", "d192v128"])
+def test_sink_extreme_values(sink, d, dtype):
+    """A sink far above every score (the row's output ~0, lse ~ the sink, no overflow) and far below."""
+    sri, causal = family_mask("causal_document", 1000, 5)
+    q, k, v = make_qkv(1, 1000, 1000, 4, 2, d, DTYPES[dtype], 15)
+    sinks = np.array([sink, -sink, 0.5, sink], np.float32)
+    check(q, k, v, sri, causal, dtype, learnable_sink=sinks)
+
+
+@pytest.mark.parametrize("d", [64, 256, 80, (192, 128)], ids=dims_id)
+def test_sink_fully_masked_rows(d):
+    """Rows that see no key: out 0 and lse = the sink (not -inf)."""
+    s = 333
+    sri = np.zeros((1, 1, s, 2), dtype=np.int32)
+    sri[..., 0], sri[..., 1] = 100, 250
+    q, k, v = make_qkv(1, s, s, 2, 1, d, DTYPES["fp16"], 16)
+    sinks = sink_logits(2, 16)
+    check(q, k, v, sri, True, "fp16", learnable_sink=sinks)
+    out, lse = run_kernel(q, k, v, torch.from_numpy(sri).cuda(), True, learnable_sink=torch.from_numpy(sinks).cuda())
+    assert torch.equal(lse[0, :, 100:250], torch.from_numpy(sinks).cuda()[:, None].expand(2, 150))
+
+
+@pytest.mark.parametrize("d", FWD_FALLBACK_DIMS)
+def test_sink_mma_sync_fallback(d, monkeypatch):
+    monkeypatch.setenv("FM3_FWD_KERNEL", "mma_sync")
+    for i, family in enumerate(["causal", "document", "global_sliding_window"]):
+        sri, causal = family_mask(family, 333, 700 + i)
+        q, k, v = make_qkv(1, 333, 333, 4, 2, d, DTYPES["bf16"], 800 + i)
+        check(q, k, v, sri, causal, "bf16", learnable_sink=sink_logits(4, i, 2.0))
+
+
+def test_sink_gpt_oss_shape_long():
+    """gpt-oss attention: head dim 64, 64 query / 8 kv heads, sliding window 128 and causal, S 4096
+    (fp32 torch reference)."""
+    sinks = sink_logits(64, 17, 2.0)
+    q, k, v = make_qkv(1, 4096, 4096, 64, 8, 64, DTYPES["bf16"], 17)
+    check(q, k, v, None, True, "bf16", window_size=(127, 0), learnable_sink=sinks)
+    check(q, k, v, None, True, "bf16", learnable_sink=sinks)
