@@ -118,13 +118,14 @@ def check_bwd(q, k, v, sri_np, causal, dtype_name, *, softmax_scale=None, block_
 
 def check_dsink(dsink, sink, lse, out, do, exact, dtype_name):
     """The sink's gradient, a sum over every row of terms t = -exp(sink - lse) * sum(dout * out) of
-    either sign, measured against the sum of |t| (a reduction's condition): within fp32 summation
-    (1e-5) of the float64 sum over the inputs it was given (out in the input dtype), and within the
-    dtype's tolerance of the exact gradient (``exact``: the reference's, from the unrounded out)."""
+    either sign, measured against max(sum of |t|, 1) (a reduction's condition, floored as the module's
+    metric is): within fp32 summation (1e-5) of the float64 sum over the inputs it was given (out in
+    the input dtype), and within the dtype's tolerance of the exact gradient (``exact``: the
+    reference's, from the unrounded out)."""
     lse64 = lse.double().cpu().numpy()
     d_row = (do.double() * out.double()).sum(-1).permute(0, 2, 1).cpu().numpy()  # [B, H, S_q]
     terms = -np.exp(sink.astype(np.float64)[None, :, None] - lse64) * d_row
-    scale = np.maximum(np.abs(terms).sum(axis=(0, 2)), 1e-30)
+    scale = np.maximum(np.abs(terms).sum(axis=(0, 2)), 1.0)
     got = dsink.double().cpu().numpy()
     assert np.all(np.abs(got - terms.sum(axis=(0, 2))) <= 1e-5 * scale), (got, terms.sum(axis=(0, 2)), scale)
     assert np.all(np.abs(got - exact) <= BWD_TOL[dtype_name] * scale), (got, exact, scale)
@@ -427,7 +428,7 @@ def test_sink_long_fully_masked_and_extreme(d, dtype):
 @pytest.mark.parametrize("d", HEAD_DIMS, ids=dims_id)
 def test_sink_deterministic(d):
     """The sink's gradient is bitwise repeatable in both modes (it has one order); dq in deterministic mode."""
-    sri, causal = family_mask("causal_document", 700, 35)
+    sri, causal = family_mask("causal_document", 700, 35, batch=2)
     q, k, v = make_qkv(2, 700, 700, 4, 2, d, DTYPES["bf16"], 35)
     sinks = sink_logits(4, 35)
     _, g1, (out, lse, do) = check_bwd(q, k, v, sri, causal, "bf16", deterministic=True, seed=35,
