@@ -6,7 +6,8 @@
 //                          (+inf for a fully masked row, so its P is exactly 0); clears dq_accum.
 //   bwd_convert_dq_kernel  dq = softmax_scale * dq_accum, cast to T (bwd_convert_dq_tiled_kernel:
 //                          from the WGMMA kernel's tile-blocked accumulator).
-//   bwd_sink_grad_kernel   the learnable sink's gradient from lse and delta.
+//   bwd_sink_partial_kernel, bwd_sink_grad_kernel
+//                          the learnable sink's gradient from lse and delta.
 #pragma once
 #include <cuda_runtime.h>
 #include <math_constants.h>
@@ -113,31 +114,56 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * delta: the sink's value is 0, so the
-// row term delta is all of its softmax gradient. One CTA per head adding in a fixed order, so the
-// result is bitwise repeatable. A row with lse -inf saw nothing (no sink in its lse) and adds 0.
-__global__ void __launch_bounds__(256)
-    bwd_sink_grad_kernel(const float* __restrict__ lse, const float* __restrict__ delta,
-                         const float* __restrict__ sink, float* __restrict__ dsink, int batch, int num_heads,
-                         int seqlen_q, int lse_stride) {
-  const int h = blockIdx.x;
-  const float s = sink[h];
-  float sum = 0.f;
-  for (int b = 0; b < batch; ++b) {
-    const int64_t bh = static_cast<int64_t>(b) * num_heads + h;
-    for (int i = threadIdx.x; i < seqlen_q; i += blockDim.x) {
-      const float l = lse[bh * seqlen_q + i];
-      if (l != -CUDART_INF_F) sum += expf(s - l) * delta[bh * lse_stride + i];
-    }
-  }
+// The learnable sink's gradient, dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * delta
+// (the sink's value is 0, so the row term delta is all of its softmax gradient), in two passes with
+// a fixed order, so the result is bitwise repeatable: bwd_sink_partial_kernel sums chunks of
+// kSinkChunkRows (batch, row) pairs of a head into partial[h, chunk] (grid: chunks x heads), then
+// bwd_sink_grad_kernel adds each head's chunks (one CTA per head). A row with lse -inf saw nothing
+// (no sink in its lse) and adds 0.
+constexpr int kSinkRowsPerThread = 8;
+constexpr int kSinkChunkRows = 256 * kSinkRowsPerThread;
+
+// Tree sum of one value per thread of a 256-thread CTA, valid in thread 0.
+__device__ __forceinline__ float cta_sum_256(float x) {
   __shared__ float part[256];
-  part[threadIdx.x] = sum;
+  part[threadIdx.x] = x;
   __syncthreads();
-  for (int n = blockDim.x / 2; n > 0; n >>= 1) {
+#pragma unroll
+  for (int n = 128; n > 0; n >>= 1) {
     if (threadIdx.x < n) part[threadIdx.x] += part[threadIdx.x + n];
     __syncthreads();
   }
-  if (threadIdx.x == 0) dsink[h] = -part[0];
+  return part[0];
+}
+
+__global__ void __launch_bounds__(256)
+    bwd_sink_partial_kernel(const float* __restrict__ lse, const float* __restrict__ delta,
+                            const float* __restrict__ sink, float* __restrict__ partial, int num_heads,
+                            int seqlen_q, int lse_stride, int64_t rows_per_head) {
+  const int h = blockIdx.y;
+  const float s = sink[h];
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kSinkRowsPerThread; ++j) {  // independent loads, all in flight at once
+    const int64_t r = static_cast<int64_t>(blockIdx.x) * kSinkChunkRows + j * 256 + threadIdx.x;  // b * S_q + i
+    if (r < rows_per_head) {
+      const int64_t b = r / seqlen_q, i = r % seqlen_q, bh = b * num_heads + h;
+      const float l = lse[bh * seqlen_q + i];
+      const float t = expf(s - l) * delta[bh * lse_stride + i];
+      sum += l == -CUDART_INF_F ? 0.f : t;
+    }
+  }
+  const float total = cta_sum_256(sum);
+  if (threadIdx.x == 0) partial[static_cast<int64_t>(h) * gridDim.x + blockIdx.x] = total;
+}
+
+__global__ void __launch_bounds__(256)
+    bwd_sink_grad_kernel(const float* __restrict__ partial, float* __restrict__ dsink, int n_chunks) {
+  const int h = blockIdx.x;
+  float sum = 0.f;
+  for (int c = threadIdx.x; c < n_chunks; c += 256) sum += partial[static_cast<int64_t>(h) * n_chunks + c];
+  const float total = cta_sum_256(sum);
+  if (threadIdx.x == 0) dsink[h] = -total;
 }
 
 // dq[b, i, h, :] = scale * dq_accum cast to T, from the row-major accumulator

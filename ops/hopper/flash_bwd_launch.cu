@@ -82,6 +82,23 @@ int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* e
   return 0;
 }
 
+// Chunks of the sink gradient's first pass per head (bwd_common.cuh).
+int64_t sink_chunks(int batch, int seqlen_q) {
+  return (static_cast<int64_t>(batch) * seqlen_q + kSinkChunkRows - 1) / kSinkChunkRows;
+}
+
+int launch_sink_grad(const BwdArgs& args, const float* lse, cudaStream_t stream, char* err, size_t err_len) {
+  const int64_t chunks = sink_chunks(args.batch, args.seqlen_q);
+  bwd_sink_partial_kernel<<<dim3(static_cast<unsigned>(chunks), args.num_heads), 256, 0, stream>>>(
+      lse, args.delta, args.learnable_sink, args.sink_partial, args.num_heads, args.seqlen_q, args.lse_stride,
+      static_cast<int64_t>(args.batch) * args.seqlen_q);
+  FM3_CUDA_CHECK(cudaGetLastError());
+  bwd_sink_grad_kernel<<<args.num_heads, 256, 0, stream>>>(args.sink_partial, args.dlearnable_sink,
+                                                           static_cast<int>(chunks));
+  FM3_CUDA_CHECK(cudaGetLastError());
+  return 0;
+}
+
 // The warp-specialized TMA + WGMMA kernel, for the configs the generator marks wgmma
 // (ops/hopper/kernel_rules.py, serve_bwd) unless FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernel
 // (read per call, so a test can switch paths in-process). Returns -1 when not applicable (a
@@ -148,12 +165,7 @@ int dispatch(const BwdArgs& args, bool deterministic, const void* out, const flo
         const_cast<float*>(args.lse2), args.dq_accum, args.o_bs, args.o_rs, args.o_hs, args.num_heads,          \
         args.seqlen_q, args.lse_stride, rows);                                                                  \
     FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
-    if (args.dlearnable_sink != nullptr) {                                                                      \
-      bwd_sink_grad_kernel<<<args.num_heads, 256, 0, stream>>>(lse, args.delta, args.learnable_sink,            \
-                                                              args.dlearnable_sink, args.batch, args.num_heads, \
-                                                              args.seqlen_q, args.lse_stride);                  \
-      FM3_CUDA_CHECK(cudaGetLastError());                                                                        \
-    }                                                                                                           \
+    if (args.dlearnable_sink != nullptr && launch_sink_grad(args, lse, stream, err, err_len) != 0) return 1;    \
     if constexpr (wgmma) {                                                                                      \
       const int rc = launch_wgmma<T, tile, hd, bm, bn, st>(args, stream, err, err_len);                \
       if (rc >= 0) return rc;                                                                                   \
@@ -193,14 +205,14 @@ extern "C" int fm3_cuda_bwd_block_n(int head_dim, int head_dim_v) { return bwd_b
 namespace fm3::hopper::bwd {
 namespace {
 
-// The backward's workspace: [dq_accum][lse2][delta][summary][dq_semaphore][dq_chain_start], each
+// The backward's workspace: [dq_accum][lse2][delta][summary][dq_semaphore][dq_chain_start][sink_partial], each
 // 256-byte aligned. dq_accum has lse_stride rows per (batch, head): whole 64-row tiles for the
 // tile-blocked layout; the WGMMA kernel writes it in both modes (in key-block order when
 // deterministic: dq_semaphore and dq_chain_start, one int per 64 rows, enough for any block_m).
 struct WorkspaceLayout {
   int lse_stride;  // rows per (batch, head) of dq_accum, lse2 and delta
   // Byte offsets of the parts (dq_accum at 0); summary, sem and chain hold 0 bytes where absent.
-  size_t lse2, delta, summary, sem, chain, total;
+  size_t lse2, delta, summary, sem, chain, sink_partial, total;
   size_t summary_bytes, sem_bytes;
 };
 
@@ -230,6 +242,7 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
   w.sem_bytes = det ? rows / 64 * sizeof(int32_t) : 0;
   w.sem = part(w.sem_bytes);
   w.chain = part(det ? mask_rows * (lse_stride / 64) * sizeof(int32_t) : 0);
+  w.sink_partial = part(bp->dlearnable_sink ? p->num_heads * sink_chunks(p->batch, p->seqlen_q) * sizeof(float) : 0);
   w.total = end;
   return w;
 }
@@ -272,6 +285,7 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.summary = w.summary_bytes ? reinterpret_cast<fm3::BlockSummary*>(ws + w.summary) : nullptr;
   a.dq_semaphore = deterministic ? reinterpret_cast<int32_t*>(ws + w.sem) : nullptr;
   a.dq_chain_start = deterministic ? reinterpret_cast<int32_t*>(ws + w.chain) : nullptr;
+  a.sink_partial = reinterpret_cast<float*>(ws + w.sink_partial);
 
   int rc = 0;
   cudaError_t e = cudaSuccess;

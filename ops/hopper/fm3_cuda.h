@@ -35,8 +35,9 @@ int fm3_cuda_block_n(int head_dim, int head_dim_v);
  * dk, dv are device pointers sharing out's, q's, k's, v's strides. dq, dk, dv
  * are fully written (0 where no visible pair contributes). deterministic != 0
  * makes dQ bitwise repeatable: each query tile's fp32 sum is formed in key-block
- * order (the mma.sync fallback: a row-parallel pass without atomics). The
- * workspace (fp32 dQ accumulator, row statistics, block summary) is p->workspace
+ * order (the mma.sync fallback: a row-parallel pass without atomics). With
+ * p->dlearnable_sink, the sink's gradient is written too (fixed order, bitwise repeatable). The
+ * workspace (fp32 dQ accumulator, row statistics, block summary, the sink gradient's partial sums) is p->workspace
  * when given, else taken from the library's workspace pool on p->fwd.stream. */
 int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
 
@@ -44,7 +45,7 @@ int fm3_cuda_bwd(const fm3_bwd_params* p, char* err, size_t err_len);
 int fm3_cuda_bwd_block_n(int head_dim, int head_dim_v);
 
 /* Device workspace bytes fm3_cuda_bwd needs for p (reads p->fwd's sizes, whether it has
- * startend_row_indices, its mask_heads, and p->deterministic). */
+ * startend_row_indices, its mask_heads, p->deterministic and whether p->dlearnable_sink is set). */
 size_t fm3_cuda_bwd_workspace_bytes(const fm3_bwd_params* p);
 
 /* The launchers' own workspace (the backward's when p->workspace is NULL, the forward's block

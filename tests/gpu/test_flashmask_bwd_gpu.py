@@ -439,6 +439,14 @@ def test_sink_deterministic(d):
         assert torch.equal(g1[3], g2[3]) and torch.equal(g1[1], g2[1]) and torch.equal(g1[2], g2[2])
         if det:
             assert torch.equal(g1[0], g2[0])
+    # a caller's workspace, sized with the sink's gradient asked for (its partial sums live there)
+    need = kernels.bwd_workspace_bytes(q, k, v, out, lse, do, sri_dev, *g1[:3], causal=causal, deterministic=True,
+                                       learnable_sink=sink_dev, dlearnable_sink=g1[3])
+    assert need > kernels.bwd_workspace_bytes(q, k, v, out, lse, do, sri_dev, *g1[:3], causal=causal,
+                                              deterministic=True)
+    ws = torch.full((need,), 0xAB, dtype=torch.uint8, device="cuda")  # stale contents
+    g3 = run_bwd(q, k, v, out, lse, do, sri_dev, causal, deterministic=True, learnable_sink=sink_dev, workspace=ws)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g3))
 
 
 @pytest.mark.parametrize("d", BWD_FALLBACK_DIMS)
