@@ -1,7 +1,7 @@
 """PaddleFormers integration: install()/uninstall() and patch_paddle()/unpatch_paddle().
 
-A tiny Llama (2 layers, GQA), and a tiny DeepSeek-V3 (MLA: q/k head dim 192, v 128), on packed
-documents with a padding tail, through
+A tiny Llama (2 layers, GQA), a tiny DeepSeek-V3 (MLA: q/k head dim 192, v 128) and a tiny gpt-oss
+(learnable attention sinks, sliding-window layers), on packed documents with a padding tail, through
 ``attn_mask_startend_row_indices``: forward, backward and one optimizer step through paddle_fm3
 equal PaddleFormers' eager backend on the equivalent dense mask (real rows; the padding rows see
 no key: ours gives 0 there, eager attends to every key, and no real row reads them).
@@ -46,6 +46,14 @@ def test_deepseek_v3_mla_train_step_matches_eager(name):
     paddle_fm3 as it is; under "flashmask" PaddleFormers zero-pads value to 192 and folds the
     softmax scale into the query. Both match eager through one SGD step."""
     run_check("check_train_step", name, util="pf_deepseek_util")
+
+
+@pytest.mark.parametrize("name", ["flashmask", "fm3"])
+def test_gpt_oss_sinks_train_step_matches_eager(name):
+    """gpt-oss (tests/pf_gpt_oss_util.py): learnable sinks, sliding-window and full layers, GQA; its
+    calls reach paddle_fm3 with the sink under both names and match eager, the sinks' gradients
+    included, through one SGD step."""
+    run_check("check_train_step", name, util="pf_gpt_oss_util")
 
 
 def test_scaling_fm3_applies_it_flashmask_keeps_paddleformers_contract():

@@ -20,6 +20,9 @@ The two names differ in the softmax scale, as PaddleFormers' models are written 
   under this name its calls arrive as 192 / 192.
 - ``"fm3"`` (:func:`attention_forward`) applies ``scaling``; models take no flashmask-specific
   path for it, so DeepSeek-V3's calls arrive as they are: q, k 192, v 128, computed as MLA.
+
+Calls with a ``sink`` (gpt-oss: one learnable logit per query head) run on paddle_fm3's learnable
+sink under both names, ``scaling`` applied as PaddleFormers' own flashmask function does for them.
 """
 
 from __future__ import annotations
@@ -56,8 +59,8 @@ def attention_forward(module, query, key, value, attention_mask=None, dropout: f
         attention_mask: must be None: paddle_fm3 takes its masks as
             ``attn_mask_startend_row_indices``.
         dropout: must be 0 (no attention dropout in paddle_fm3).
-        sink: attention sinks are not handled by paddle_fm3: such calls go to PaddleFormers'
-            own flashmask function.
+        sink: optional ``[num_heads]`` learnable sink logits (gpt-oss), passed to
+            :func:`paddle_fm3.flashmask_attention` as ``learnable_sink`` (its gradient flows back).
         scaling: softmax scale (default ``head_dim ** -0.5``).
         is_causal: as in PaddleFormers' flashmask backend: C=1 masks are causal, C=4 not, C=2
             causal unless ``is_causal=False``.
@@ -83,19 +86,16 @@ def flashmask_attention_forward(module, query, key, value, attn_mask_startend_ro
     it replaces as ``"flashmask"`` (same signature): without ``sink``, ``scaling`` is not applied
     (Paddle's default ``head_dim ** -0.5``). DeepSeek-V3 relies on it: for this name it multiplies
     the query by ``scaling * sqrt(head_dim)`` itself and passes that factor as ``scaling``, so
-    applying it too would scale the scores twice. Arguments and result as there."""
+    applying it too would scale the scores twice. With ``sink`` PaddleFormers' function applies
+    ``scaling`` (its sink path), and so does this one. Arguments and result as there."""
     return _forward(module, query, key, value, attention_mask, dropout, sink, scaling, is_causal,
-                    attn_mask_startend_row_indices, scale=None, **kwargs)
+                    attn_mask_startend_row_indices, scale=None if sink is None else scaling, **kwargs)
 
 
 def _forward(module, query, key, value, attention_mask, dropout, sink, scaling, is_causal,
              attn_mask_startend_row_indices, *, scale, **kwargs):
     """Both names' work; ``scale`` is the softmax scale applied (None: the default)."""
     sri = attn_mask_startend_row_indices
-    if sink is not None:
-        from paddleformers.nn.attention.flashmask_attention import flashmask_attention_forward as pf_flashmask
-
-        return pf_flashmask(module, query, key, value, sri, dropout, sink, scaling, is_causal, **kwargs)
     if sri is None and attention_mask is not None:
         raise ValueError("paddle_fm3 takes masks as attn_mask_startend_row_indices, not a dense "
                          "attention_mask: pass attn_mask_startend_row_indices (paddle_fm3.masks builds "
@@ -115,7 +115,8 @@ def _forward(module, query, key, value, attention_mask, dropout, sink, scaling, 
         is_causal = query.shape[2] > 1 and getattr(module, "is_causal", True)
     out = flashmask_attention(query.transpose([0, 2, 1, 3]), key.transpose([0, 2, 1, 3]),
                               value.transpose([0, 2, 1, 3]), sri,
-                              causal=True if is_causal is None else bool(is_causal), softmax_scale=scale)
+                              causal=True if is_causal is None else bool(is_causal), softmax_scale=scale,
+                              learnable_sink=sink)
     return paddle.reshape(out, [0, 0, out.shape[2] * out.shape[3]]), None
 
 
