@@ -57,7 +57,7 @@ struct BwdArgs : AttnArgs {
   // neither: the sink reaches dQ, dK, dV only through lse.
   const float* learnable_sink;
   float* dlearnable_sink;
-  float* sink_partial;     // [num_heads, chunks] of the sink gradient's first pass (bwd_common.cuh)
+  float* sink_partial;     // [num_heads, chunks] of the sink gradient's first pass (bwd/common.cuh)
   int lse_stride;          // seqlen_q rounded up to kLsePad: whole query tiles can be bulk-copied
   float scale;             // softmax_scale
 };

@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "flash_bwd_mma_sync.cuh"
-#include "flash_bwd_wgmma.cuh"
+#include "mma_sync/bwd_kernel.cuh"
+#include "bwd/kernel.cuh"
 #include "fm3_cuda.h"
 #include "launch_common.h"
 #include "workspace.h"
@@ -42,7 +42,7 @@ int bwd_tile_dim(int head_dim, int head_dim_v) {
 }
 
 // The mma.sync kernels' warp layouts take 64 query rows, whatever block_m the config gives the
-// WGMMA kernel (flash_bwd_mma_sync.cuh, BwdTraits).
+// WGMMA kernel (mma_sync/bwd_kernel.cuh, BwdMmaSyncTraits).
 constexpr int kMmaSyncBlockM = 64;
 
 // dq = softmax_scale * dq_accum (rows of TD floats, the first D of them dQ's columns) from the
@@ -61,7 +61,7 @@ int launch_dq_tiled(const BwdArgs& args, cudaStream_t stream, char* err, size_t 
 // accumulator, or the row-parallel deterministic dQ pass.
 template <typename T, int D, int BM, int BN>
 int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
-  using Tr = BwdTraits<T, D, BM, BN>;
+  using Tr = BwdMmaSyncTraits<T, D, BM, BN>;
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   auto col = deterministic ? flash_bwd_kernel<T, D, BM, BN, false> : flash_bwd_kernel<T, D, BM, BN, true>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
@@ -82,7 +82,7 @@ int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* e
   return 0;
 }
 
-// Chunks of the sink gradient's first pass per head (bwd_common.cuh).
+// Chunks of the sink gradient's first pass per head (bwd/common.cuh).
 int64_t sink_chunks(int batch, int seqlen_q) {
   return (static_cast<int64_t>(batch) * seqlen_q + kSinkChunkRows - 1) / kSinkChunkRows;
 }
@@ -119,7 +119,7 @@ int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err
       !make_tma_map<T>(&mdo, args.dout, args.head_dim_v, args.seqlen_q, args.num_heads, args.batch, args.o_rs,
                        args.o_hs, args.o_bs, BM))
     return -1;
-  using Tr = sm90::BwdWgTraits<T, TD, BM, BN, ST>;
+  using Tr = sm90::BwdWgmmaTraits<T, TD, BM, BN, ST>;
   // Deterministic mode too writes dQ from this kernel, the parts of a tile added in key-block order
   // (args.dq_semaphore, set by fm3_cuda_bwd).
   auto kernel = sm90::flash_bwd_wgmma_kernel<T, TD, BM, BN, ST>;
@@ -289,7 +289,7 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
 
   int rc = 0;
   cudaError_t e = cudaSuccess;
-  // dq_accum is cleared by bwd_preprocess_kernel (bwd_common.cuh).
+  // dq_accum is cleared by bwd_preprocess_kernel (bwd/common.cuh).
   if (deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, w.sem_bytes, stream);
   if (e == cudaSuccess && p->startend_row_indices != nullptr)
     rc = fm3_cuda_block_summary(p->startend_row_indices, p->batch, mask_heads, p->seqlen_q, p->seqlen_k,

@@ -15,8 +15,8 @@
 #include "launch_common.h"
 #include "workspace.h"
 #include "fm3_generated_config.h"
-#include "flash_fwd_mma_sync.cuh"
-#include "flash_fwd_wgmma.cuh"
+#include "mma_sync/fwd_kernel.cuh"
+#include "fwd/kernel.cuh"
 #include "tma_map.cuh"
 
 // FM3_NO_WGMMA=1 at compile time builds only the mma.sync kernel.
@@ -29,7 +29,7 @@ namespace {
 
 template <typename T, int D, int BM, int BN>
 int launch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
-  using Tr = FwdTraits<T, D, BM, BN>;
+  using Tr = FwdMmaSyncTraits<T, D, BM, BN>;
   auto kernel = flash_fwd_kernel<T, D, BM, BN>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
@@ -76,7 +76,7 @@ int launch_wgmma(const FwdArgs& args, cudaStream_t stream, char* err, size_t err
   if (force_mma_sync()) return -1;
   CUtensorMap mq, mk, mv;
   if (!make_qkv_maps<T>(args, BM, BN, &mq, &mk, &mv)) return -1;
-  using Tr = sm90::WgTraits<T, D, DV, BM, BN, ST, OV>;
+  using Tr = sm90::FwdWgmmaTraits<T, D, DV, BM, BN, ST, OV>;
   auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, DV, BM, BN, ST, OV>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));

@@ -24,8 +24,8 @@ HEAD_DIM_STEP = 16  # k16 steps of the tensor-core products; TMA rows of 16-byte
 MMA_SYNC_MAX_BLOCK_M = 128  # the forward mma.sync kernel takes min(block_m, this) rows per tile
 MMA_SYNC_BLOCK_M_BWD = 64  # the backward mma.sync kernels' warp layouts take 64 query rows
 BWD_WGMMA_TILE_DIMS = (64, 128, 256)  # head dims the WGMMA backward's layouts are built for
-WGMMA = "wgmma"  # warp-specialized TMA + WGMMA kernel (flash_fwd_wgmma.cuh / flash_bwd_wgmma.cuh)
-MMA_SYNC = "mma_sync"  # mma.sync kernel (flash_fwd_mma_sync.cuh / flash_bwd_mma_sync.cuh)
+WGMMA = "wgmma"  # warp-specialized TMA + WGMMA kernel (fwd/kernel.cuh / bwd/kernel.cuh)
+MMA_SYNC = "mma_sync"  # mma.sync kernel (mma_sync/fwd_kernel.cuh / mma_sync/bwd_kernel.cuh)
 
 
 class ConfigError(ValueError):
@@ -58,8 +58,8 @@ def bwd_tile_dim(hd: int, hdv: int) -> int:
 # ---- forward ----------------------------------------------------------------------------------
 
 def fwd_wgmma_error(c: dict) -> str | None:
-    """Why the forward WGMMA kernel (WgTraits, fwd/traits.cuh) cannot serve config c, or None. (A tile
-    past the 227 KiB of shared memory stops the build at WgTraits' static_assert.)"""
+    """Why the forward WGMMA kernel (FwdWgmmaTraits, fwd/traits.cuh) cannot serve config c, or None. (A tile
+    past the 227 KiB of shared memory stops the build at FwdWgmmaTraits' static_assert.)"""
     bm, bn, st, wg = c["block_m"], c["block_n"], c["stages"], c["consumer_warpgroups"]
     if bn not in (64, 128) or BLOCK_MASK_SIZE % bn:
         return f"block_n must be 64 or 128, got {bn}"
@@ -71,7 +71,7 @@ def fwd_wgmma_error(c: dict) -> str | None:
 
 
 def fwd_mma_sync_error(c: dict) -> str | None:
-    """Why the forward mma.sync kernel (FwdTraits in flash_fwd_mma_sync.cuh) cannot serve c, on its
+    """Why the forward mma.sync kernel (FwdMmaSyncTraits in mma_sync/fwd_kernel.cuh) cannot serve c, on its
     tiles of min(block_m, MMA_SYNC_MAX_BLOCK_M) rows, or None."""
     hd, hdv, bn, wg = c["head_dim"], c["head_dim_v"], c["block_n"], c["consumer_warpgroups"]
     if hd != hdv:
@@ -109,7 +109,7 @@ def serve_fwd(c: dict) -> dict:
 # ---- backward ---------------------------------------------------------------------------------
 
 def bwd_wgmma_error(c: dict) -> str | None:
-    """Why the backward WGMMA kernel (BwdWgTraits, bwd/traits.cuh) cannot serve config c, or None:
+    """Why the backward WGMMA kernel (BwdWgmmaTraits, bwd/traits.cuh) cannot serve config c, or None:
     64 x 128 tiles at tile head dims 64 / 128 (or 128 x 128 at 64), 64 x 64 tiles with one stage at
     256 (the 227 KiB hold no second)."""
     tile, bm, bn, st = bwd_tile_dim(c["head_dim"], c["head_dim_v"]), c["block_m"], c["block_n"], c["stages"]
@@ -121,7 +121,7 @@ def bwd_wgmma_error(c: dict) -> str | None:
 
 
 def bwd_mma_sync_error(c: dict) -> str | None:
-    """Why the backward mma.sync kernels (BwdTraits in flash_bwd_mma_sync.cuh) cannot serve c, or None."""
+    """Why the backward mma.sync kernels (BwdMmaSyncTraits in mma_sync/bwd_kernel.cuh) cannot serve c, or None."""
     hd, hdv, bn = c["head_dim"], c["head_dim_v"], c["block_n"]
     if hd != hdv:
         return f"head_dim_v {hdv} != head_dim {hd}: the mma.sync kernels take one head dim"

@@ -1,4 +1,4 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the consumers' side of the Q / dO ring and of the dQ
+// Backward WGMMA kernel (bwd/kernel.cuh): the consumers' side of the Q / dO ring and of the dQ
 // hand-off to the writer warp, shared by both consumer loops (bwd/mainloop.cuh and, at head dim
 // 256, bwd/mainloop_split_d.cuh).
 #pragma once
@@ -6,7 +6,7 @@
 
 #include "attn_args.h"  // BwdArgs
 #include "bwd/traits.cuh"
-#include "bwd_common.cuh"  // mask_head
+#include "bwd/common.cuh"  // mask_head
 #include "fm3/mask.h"      // BlockEntry, ColumnBounds, column_bounds
 #include "sm90_primitives.cuh"
 

@@ -1,4 +1,4 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the dQ writer, lane 0 of warp 1 of warpgroup 0 (in
+// Backward WGMMA kernel (bwd/kernel.cuh): the dQ writer, lane 0 of warp 1 of warpgroup 0 (in
 // deterministic mode also of warp 2). Per query tile the consumers store their dQ parts to shared
 // memory in accumulator order (bwd::dq_tile_offset) and arrive on dq_full[tile % 2]; the writer
 // adds each warpgroup's part to the tile-blocked fp32 workspace with one bulk reduction
@@ -19,7 +19,7 @@
 
 #include "attn_args.h"  // BwdArgs
 #include "bwd/traits.cuh"
-#include "bwd_common.cuh"  // adds_to_tile, mask_head
+#include "bwd/common.cuh"  // adds_to_tile, mask_head
 #include "fm3/mask.h"       // BlockEntry
 #include "sm90_primitives.cuh"
 
@@ -67,7 +67,7 @@ __device__ __forceinline__ void bwd_dq_writer_ordered(const bwd::BwdArgs& a, con
     if (prev < first) prev = -1;
   };
   // kRingTileAhead: the k-th tile of this CTA from the ring's entry (one stage per tile, in order).
-  // The ring's empty barriers count one writer in this mode (flash_bwd_wgmma.cuh): the producer
+  // The ring's empty barriers count one writer in this mode (bwd/kernel.cuh): the producer
   // refills the stage only after this read. (Tile 0's dQ hand-off waits for nothing, so the
   // consumers' release alone could let the producer overwrite the entry first.) The producer ends
   // the stream with one -1 entry per writer.

@@ -1,4 +1,4 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the consumers' epilogue, once per CTA. dK *
+// Backward WGMMA kernel (bwd/kernel.cuh): the consumers' epilogue, once per CTA. dK *
 // softmax_scale and dV, in registers over the whole GQA group, are staged in shared memory (the Q /
 // dO / dS^T ring, free once both warpgroups are past their last tile) in key rows padded to a
 // conflict-free pitch, then written with 16-byte coalesced stores, each warpgroup its own 64 keys
@@ -19,11 +19,11 @@ namespace fm3::hopper::sm90 {
 // warpgroup; t: lane % 4.
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_epilogue(const bwd::BwdArgs& a,
-                                             const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
-                                             const float (&dk)[BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kDkRegs],
-                                             const float (&dv)[BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kDkRegs],
+                                             const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                             const float (&dk)[BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kDkRegs],
+                                             const float (&dv)[BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kDkRegs],
                                              const BwdBlock& blk, int tid, int key_local, int cw, int t) {
-  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
   const int hk = blk.hk, b = blk.b, n0 = blk.n0;
   const int row0 = Tr::kSplitD ? 0 : cw * 64;           // this warpgroup's key rows ...
   const int col0 = Tr::kSplitD ? cw * Tr::kDkCols : 0;  // ... and columns

@@ -1,4 +1,4 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the consumers, warpgroups 1..kConsumerWGs, 64 keys
+// Backward WGMMA kernel (bwd/kernel.cuh): the consumers, warpgroups 1..kConsumerWGs, 64 keys
 // each. Per query tile of the ring (kBlockM queries), with WGMMA:
 //   S^T = K Q^T, dP^T = V dO^T              (A, B from shared memory; P^T is computed while dP^T is
 //                                            in flight)
@@ -34,9 +34,9 @@ namespace fm3::hopper::sm90 {
 // warp-uniform.
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
-                                             const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                             const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
                                              const BwdBlock& blk, int tid, int warp, int lane, int wg) {
-  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
   const int cw = wg - 1;   // consumer warpgroup: keys [cw * 64, cw * 64 + 64) of the block
   const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
   const int g = lane / 4, t = lane % 4;

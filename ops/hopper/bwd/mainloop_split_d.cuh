@@ -1,4 +1,4 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the consumers at head dim 256 (BwdWgTraits::kSplitD),
+// Backward WGMMA kernel (bwd/kernel.cuh): the consumers at head dim 256 (BwdWgmmaTraits::kSplitD),
 // two warpgroups on 64 x 64 tiles that share the key block's 64 keys and split the rest (the
 // FlashAttention-3 shape at this head dim: a warpgroup's dK and dV over all 256 columns would take
 // 256 registers per thread). Per query tile of the ring, warpgroup cw:
@@ -27,9 +27,9 @@ namespace fm3::hopper::sm90 {
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
-                                                     const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                                     const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
                                                      const BwdBlock& blk, int tid, int warp, int lane, int wg) {
-  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
   static_assert(Tr::kSplitD && kBlockM == 64 && kBlockN == 64 && Tr::kConsumerWGs == 2, "the head-dim-256 consumers");
   constexpr int kQw = kBlockM / 2;   // S^T / dP^T queries per warpgroup
   constexpr int kS = kQw / 2;        // S^T / dP^T accumulators per thread (64 x 32)

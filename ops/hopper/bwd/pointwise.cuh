@@ -1,4 +1,4 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the per-element steps between the products, shared by
+// Backward WGMMA kernel (bwd/kernel.cuh): the per-element steps between the products, shared by
 // both consumer loops (bwd/mainloop.cuh and, at head dim 256, bwd/mainloop_split_d.cuh). A thread's
 // S^T / dP^T accumulator i = 4 j + 2 r + c holds key row r (its keys key and key + 8) and query
 // q0 + 8 j + 2 t + c of the tile (j < kQ / 8); stats(j) is the float2 of queries 8 j + 2 t, + 1's lse2

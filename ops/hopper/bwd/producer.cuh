@@ -1,4 +1,4 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the producer, warp 0 of warpgroup 0. Its lane 0
+// Backward WGMMA kernel (bwd/kernel.cuh): the producer, warp 0 of warpgroup 0. Its lane 0
 // TMA-loads K and V of the key block once; then, for every query head of the GQA group, the warp
 // runs the query-tile scheduler (compact_window over fm3::classify_tile / apply_block_mask of the
 // key block's summary, 32 tiles per window) and lane 0 streams the surviving query tiles -- Q and
@@ -13,7 +13,7 @@
 
 #include "attn_args.h"     // BwdArgs
 #include "bwd/traits.cuh"
-#include "bwd_common.cuh"  // classify_pair, mask_head
+#include "bwd/common.cuh"  // classify_pair, mask_head
 #include "fm3/mask.h"      // BlockEntry
 #include "mask_scheduler.cuh"
 #include "sm90_primitives.cuh"
@@ -22,11 +22,11 @@ namespace fm3::hopper::sm90 {
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
-                                             const BwdSmem<BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                             const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
                                              const CUtensorMap* tmap_q, const CUtensorMap* tmap_k,
                                              const CUtensorMap* tmap_v, const CUtensorMap* tmap_do, const BwdBlock& blk,
                                              int lane) {
-  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
   const int nb = blk.nb, hk = blk.hk, b = blk.b, n0 = blk.n0, group = blk.group;
   const int n_mtiles = blk.n_mtiles, n_kblocks = blk.n_kblocks, causal_offset = blk.causal_offset;
   if (lane == 0) {

@@ -1,4 +1,4 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): the key block, kv head and batch of each CTA (one CTA
+// Backward WGMMA kernel (bwd/kernel.cuh): the key block, kv head and batch of each CTA (one CTA
 // per key block of kBlockN keys), and the grid that launches them.
 // - Default: the key blocks of a (batch, kv head) side by side (blockIdx.x), so the CTAs resident
 //   at once share that head's Q and dO in L2.

@@ -1,5 +1,5 @@
-// Backward WGMMA kernel (flash_bwd_wgmma.cuh): tile sizes, register budgets, the split of the work
-// between the consumer warpgroups, the shared-memory layout (BwdWgTraits) and its addresses in one
+// Backward WGMMA kernel (bwd/kernel.cuh): tile sizes, register budgets, the split of the work
+// between the consumer warpgroups, the shared-memory layout (BwdWgmmaTraits) and its addresses in one
 // CTA (BwdSmem).
 #pragma once
 #include <stddef.h>
@@ -11,7 +11,7 @@
 namespace fm3::hopper::sm90 {
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
-struct BwdWgTraits {
+struct BwdWgmmaTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
   // Head dim 256 (kSplitD): 64 x 64 tiles and two warpgroups that share the 64 keys and split the
@@ -97,7 +97,7 @@ struct BwdWgTraits {
   static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
 };
 
-// BwdWgTraits' shared-memory layout placed at the CTA's dynamic shared memory, rounded up to 1024 bytes.
+// BwdWgmmaTraits' shared-memory layout placed at the CTA's dynamic shared memory, rounded up to 1024 bytes.
 template <class Tr>
 struct BwdSmem {
   unsigned char* base;                          // the 1024-aligned base (generic address)

@@ -1,4 +1,4 @@
-// Forward WGMMA kernel (flash_fwd_wgmma.cuh): the consumers' epilogue of a tile: normalize, write O
+// Forward WGMMA kernel (fwd/kernel.cuh): the consumers' epilogue of a tile: normalize, write O
 // (pairs of elements per thread) and lse (RowEnd: the learnable sink joins here).
 #pragma once
 #include <math_constants.h>

@@ -1,4 +1,4 @@
-// Forward WGMMA kernel (flash_fwd_wgmma.cuh): the consumers, warpgroups 1..kConsumerWGs, 64 query
+// Forward WGMMA kernel (fwd/kernel.cuh): the consumers, warpgroups 1..kConsumerWGs, 64 query
 // rows each. Per tile of the scheduler (fwd/tile_scheduler.cuh), one of two loops over its key
 // blocks, chosen per head dim in yaml/kernel_configs.yaml (intra_wg_overlap):
 // - plain: per block, S = Q K^T (A and B from shared memory), the per-element mask (partial
@@ -37,9 +37,9 @@ namespace fm3::hopper::sm90 {
 // over them: with the accumulators passed in by reference (the loop in the kernel), nvcc, which
 // optimizes a function before inlining it, emits different machine code.
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
-__device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>>& sm,
+__device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>>& sm,
                                              const FwdTileScheduler<kBlockM>& sched, int wg, int warp, int lane) {
-  using Tr = WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
+  using Tr = FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
   const int cw = wg - 1;               // consumer warpgroup: rows [cw * 64, cw * 64 + 64) of the tile
   const int wq = warp % 4;             // warp within the warpgroup: 16 rows
   const int g = lane / 4, t = lane % 4;

@@ -1,4 +1,4 @@
-// Forward WGMMA kernel (flash_fwd_wgmma.cuh): the producer, warpgroup 0. Per tile its four warps
+// Forward WGMMA kernel (fwd/kernel.cuh): the producer, warpgroup 0. Per tile its four warps
 // run the mask scheduler (mask_scheduler.cuh, on named barrier 1), which publishes the compacted
 // list of surviving key blocks a window of 128 blocks at a time; all four warps walk that list
 // and, per block, wait for a free stage of the K/V ring; when the block is partial each thread
@@ -23,11 +23,11 @@
 namespace fm3::hopper::sm90 {
 
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
-__device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>>& sm,
+__device__ __forceinline__ void fwd_producer(const FwdArgs& a, const FwdSmem<FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>>& sm,
                                              const FwdTileScheduler<kBlockM>& sched, const CUtensorMap* tmap_q,
                                              const CUtensorMap* tmap_k, const CUtensorMap* tmap_v, int tid, int lane,
                                              int n_blocks, int causal_offset) {
-  using Tr = WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
+  using Tr = FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
   const int warp = tid / 32;  // from tid here, not passed in: the machine code of the one-piece kernel
   if (warp == 0 && lane == 0) {
     tma_prefetch_desc(tmap_q);

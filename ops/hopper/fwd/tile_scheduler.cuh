@@ -1,4 +1,4 @@
-// Forward WGMMA kernel (flash_fwd_wgmma.cuh): the persistent tile scheduler. CTAs take query tiles
+// Forward WGMMA kernel (fwd/kernel.cuh): the persistent tile scheduler. CTAs take query tiles
 // (batch, head, kBlockM rows) one after another from a global counter (dynamic: a CTA that drew
 // light tiles takes more). The order is heaviest first within each (batch, head): bottom tiles
 // first, as they see the most keys under causal-like masks; heads stay contiguous so CTAs working

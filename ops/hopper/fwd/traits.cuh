@@ -1,5 +1,5 @@
-// Forward WGMMA kernel (flash_fwd_wgmma.cuh): tile sizes, per-role thread and register budgets,
-// the shared-memory layout (WgTraits) and its addresses in one CTA (FwdSmem).
+// Forward WGMMA kernel (fwd/kernel.cuh): tile sizes, per-role thread and register budgets,
+// the shared-memory layout (FwdWgmmaTraits) and its addresses in one CTA (FwdSmem).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -10,7 +10,7 @@
 namespace fm3::hopper::sm90 {
 
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
-struct WgTraits {
+struct FwdWgmmaTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kConsumerWGs = kBlockM / 64;
   static constexpr int kConsumerWarps = 4 * kConsumerWGs;
@@ -69,7 +69,7 @@ struct WgTraits {
   static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
 };
 
-// WgTraits' shared-memory layout placed at the CTA's dynamic shared memory, rounded up to 1024 bytes.
+// FwdWgmmaTraits' shared-memory layout placed at the CTA's dynamic shared memory, rounded up to 1024 bytes.
 template <class Tr>
 struct FwdSmem {
   uint32_t sQ, sK, sV;  // Q buffers, K and V stages (shared-space addresses)

@@ -1,8 +1,8 @@
 // FlashMask backward on mma.sync tensor cores (HMMA m16n8k16): the fallback of the WGMMA
-// kernel (flash_bwd_wgmma.cuh) for the configs it does not cover, layouts TMA cannot describe
+// kernel (bwd/kernel.cuh) for the configs it does not cover, layouts TMA cannot describe
 // and FM3_BWD_KERNEL=mma_sync. A mask-aware FlashAttention-2-style backward (Dao 2023, Alg. 2) with
 // cp.async double buffering, built for sm_90a. The preprocess and dQ conversion kernels and the
-// helpers shared with the WGMMA backward are in bwd_common.cuh.
+// helpers shared with the WGMMA backward are in bwd/common.cuh.
 //
 // Kernels (all launched by flash_bwd_launch.cu):
 //   flash_bwd_kernel       column-parallel: one CTA per (key block of kBlockN
@@ -34,15 +34,16 @@
 #include <stdint.h>
 
 #include "attn_args.h"
-#include "bwd_common.cuh"  // classify_pair, mask_head
+#include "bwd/common.cuh"  // classify_pair, mask_head
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"  // compact_window
+#include "mma_sync/tile_load.cuh"  // swz, load_tile
 #include "warp_primitives.cuh"
 
 namespace fm3::hopper::bwd {
 
 template <typename T, int kHeadDim_, int kBlockM_, int kBlockN_>
-struct BwdTraits {
+struct BwdMmaSyncTraits {
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
@@ -76,29 +77,6 @@ struct BwdTraits {
   static constexpr size_t kRowTileBytes = sizeof(T) * (2 * kQElems + 4 * kKElems + kPElems);
   static constexpr size_t kRowSmem = kRowTileBytes + kIntBytes;
 };
-
-// Element offset of (row, 16-byte chunk) in a [rows][kCols] tile of 16-bit
-// elements, chunk XOR-swizzled by the row so that 8 consecutive rows of one
-// chunk column fall into 8 different bank groups (ldmatrix, trans or not).
-template <int kCols>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  return row * kCols + ((chunk ^ (row & 7)) * 8);
-}
-
-// cp.async a [kRows][kHeadDim] tile starting at global row row0; rows at or
-// past n_valid are zero-filled.
-template <typename T, int kHeadDim, int kRows, int kThreads>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int row0, int n_valid) {
-  constexpr int kChunks = kHeadDim / 8, kTotal = kRows * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile copy must divide evenly among threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = i * kThreads + threadIdx.x, r = idx / kChunks, c = idx % kChunks;
-    const bool ok = r < n_valid;
-    const T* src = g + static_cast<int64_t>(row0 + (ok ? r : 0)) * row_stride + c * 8;
-    cp_async_16(smem_u32(s + swz<kHeadDim>(r, c)), src, ok ? 16 : 0);
-  }
-}
 
 // Normalized bounds of key columns [n0, n0 + kBlockN) into sCB (int4 each);
 // columns past seqlen_k or without a mask get the empty interval pair.
@@ -255,9 +233,9 @@ __device__ __forceinline__ void accumulate_dq(const T* sdS, const T* sK, float (
 // ---------------------------------------------------------------------------
 // Column-parallel main kernel: grid (n_kblocks, num_heads_k, batch).
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, bool kAtomicDq>
-__global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads, 1)
+__global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads, 1)
     flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
-  using Tr = BwdTraits<T, kHeadDim, kBlockM, kBlockN>;
+  using Tr = BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>;
   constexpr int kThreads = Tr::kThreads, D = kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
@@ -384,9 +362,9 @@ __global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThr
 // ---------------------------------------------------------------------------
 // Deterministic dQ, row-parallel: grid (n_mtiles, num_heads, batch).
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
-__global__ void __launch_bounds__(BwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads, 1)
+__global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads, 1)
     flash_bwd_dq_kernel(const __grid_constant__ BwdArgs a) {
-  using Tr = BwdTraits<T, kHeadDim, kBlockM, kBlockN>;
+  using Tr = BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>;
   constexpr int kThreads = Tr::kThreads, D = kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);

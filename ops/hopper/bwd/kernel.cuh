@@ -41,11 +41,11 @@
 namespace fm3::hopper::sm90 {
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
-__global__ void __launch_bounds__(BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
+__global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
     flash_bwd_wgmma_kernel(const __grid_constant__ bwd::BwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
                            const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
                            const __grid_constant__ CUtensorMap tmap_do) {
-  using Tr = BwdWgTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const BwdSmem<Tr> sm(smem_raw);
 

@@ -33,10 +33,10 @@
 namespace fm3::hopper::sm90 {
 
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
-__global__ void __launch_bounds__(WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>::kThreads, 1)
+__global__ void __launch_bounds__(FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>::kThreads, 1)
     flash_fwd_wgmma_kernel(const __grid_constant__ FwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
                            const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
-  using Tr = WgTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
+  using Tr = FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const FwdSmem<Tr> sm(smem_raw);
 

@@ -1,5 +1,5 @@
-// Pieces both backward paths use (the WGMMA kernel, flash_bwd_wgmma.cuh, and the mma.sync fallback,
-// flash_bwd_mma_sync.cuh): the tile classification of a (query tile, key block) pair, the mask head of
+// Pieces both backward paths use (the WGMMA kernel, bwd/kernel.cuh, and the mma.sync fallback,
+// mma_sync/bwd_kernel.cuh): the tile classification of a (query tile, key block) pair, the mask head of
 // a query head, the dQ workspace tile order, and the kernels around the main pass (all launched by
 // flash_bwd_launch.cu):
 //   bwd_preprocess_kernel  delta = rowsum(dO * O) and lse2 = lse * log2(e)

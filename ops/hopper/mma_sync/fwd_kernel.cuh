@@ -1,5 +1,5 @@
 // FlashMask forward on mma.sync tensor cores: the fallback of the WGMMA kernel
-// (flash_fwd_wgmma.cuh) for the configs it does not cover, layouts TMA cannot
+// (fwd/kernel.cuh) for the configs it does not cover, layouts TMA cannot
 // describe and FM3_FWD_KERNEL=mma_sync. A mask-aware FlashAttention-2-style
 // kernel (Dao 2023, Alg. 1) with a two-stage cp.async K/V pipeline, built for sm_90a.
 //
@@ -22,12 +22,13 @@
 #include "attn_args.h"
 #include "fm3/mask.h"
 #include "mask_scheduler.cuh"
+#include "mma_sync/tile_load.cuh"  // swz, load_tile
 #include "warp_primitives.cuh"
 
 namespace fm3::hopper {
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
-struct FwdTraits {
+struct FwdMmaSyncTraits {
   static constexpr int kWarps = kBlockM / 16;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kChunks = kHeadDim / 8;    // 16-byte chunks per row
@@ -50,34 +51,11 @@ struct FwdTraits {
       kSmemTiles + sizeof(int) * (kThreads + 32) + sizeof(int32_t) * 2 * 4 * kBlockN;
 };
 
-// Element offset of (row, 16-byte chunk) in a [rows][kHeadDim] tile, with the
-// chunk XOR-swizzled by the row so ldmatrix reads of 8 rows hit 8 bank groups.
-template <int kHeadDim>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row & 7)) * 8);
-}
-
-// cp.async a [kRows][kHeadDim] tile starting at global row row0; rows at or
-// past n_valid are zero-filled.
-template <typename T, int kHeadDim, int kRows, int kThreads>
-__device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, int row0,
-                                          int n_valid) {
-  constexpr int kChunks = kHeadDim / 8, kTotal = kRows * kChunks;
-  static_assert(kTotal % kThreads == 0, "tile copy must divide evenly among threads");
-#pragma unroll
-  for (int i = 0; i < kTotal / kThreads; ++i) {
-    const int idx = i * kThreads + threadIdx.x, r = idx / kChunks, c = idx % kChunks;
-    const bool ok = r < n_valid;
-    const T* src = g + static_cast<int64_t>(row0 + (ok ? r : 0)) * row_stride + c * 8;
-    cp_async_16(smem_u32(s + swz<kHeadDim>(r, c)), src, ok ? 16 : 0);
-  }
-}
-
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
-__global__ void __launch_bounds__(FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads,
-                                  FwdTraits<T, kHeadDim, kBlockM, kBlockN>::kMinBlocks)
+__global__ void __launch_bounds__(FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads,
+                                  FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>::kMinBlocks)
     flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
-  using Tr = FwdTraits<T, kHeadDim, kBlockM, kBlockN>;
+  using Tr = FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>;
   constexpr int kThreads = Tr::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
