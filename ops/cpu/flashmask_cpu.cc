@@ -6,6 +6,9 @@
 // block skipping (arXiv:2410.01359, §4.2). The backward runs as two passes --
 // column-parallel for dK/dV, row-parallel for dQ -- so no two threads ever
 // write the same element: results are bitwise reproducible without atomics.
+// A learnable sink (fm3_fwd_params.learnable_sink) joins each row's softmax
+// once its keys are done (add_sink); the backward's dq, dk, dv see it only
+// through the lse, its own gradient is sink_grad.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -116,6 +119,40 @@ struct MaskPlan {
   const MaskView& view(int b, int hm) const { return views[b * mask_heads + hm]; }
 };
 
+// The learnable sink: a virtual key of score `sink` and value 0 in the row's softmax. Takes the row's
+// lse over its real keys and the output's scale (1 / row sum); returns the lse with the sink and
+// scales the output by the real keys' share, 1 / (1 + exp(sink - lse)). In fp64, shifted by the
+// larger of the two: no overflow for any sink. A row with no visible key gets lse = sink, out 0.
+inline void add_sink(float sink, float* lse, float* out_scale) {
+  if (*lse == kNegInf) {
+    *lse = sink;
+    *out_scale = 0.f;
+    return;
+  }
+  const double l = *lse, d = static_cast<double>(sink) - l;
+  *lse = static_cast<float>(d > 0 ? sink + std::log1p(std::exp(-d)) : l + std::log1p(std::exp(d)));
+  *out_scale = static_cast<float>(*out_scale / (1.0 + std::exp(d)));
+}
+
+// dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * D_row: the sink's value is 0, so the
+// row term D_row = rowsum(dout * out) is all of its softmax gradient. One thread per head, adding in
+// a fixed order in fp64: bitwise repeatable. A row with lse -inf (no key, no sink in its lse) adds 0.
+void sink_grad(const fm3_fwd_params& p, const double* d_row, float* dsink) {
+#pragma omp parallel for schedule(static)
+  for (int h = 0; h < p.num_heads; ++h) {
+    const double s = p.learnable_sink[h];
+    double acc = 0.0;
+    for (int b = 0; b < p.batch; ++b) {
+      const int64_t r0 = (static_cast<int64_t>(b) * p.num_heads + h) * p.seqlen_q;
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        const float l = p.softmax_lse[r0 + i];
+        if (l != kNegInf) acc += std::exp(s - l) * d_row[r0 + i];
+      }
+    }
+    dsink[h] = static_cast<float>(-acc);
+  }
+}
+
 struct Heads {
   int group, num_heads, mask_heads;
   int kv(int h) const { return h / group; }
@@ -186,25 +223,28 @@ void forward(const fm3_fwd_params& p) {
       T* oh = static_cast<T*>(p.out) + b * p.o_batch_stride + h * p.o_head_stride;
       float* lse = p.softmax_lse + (static_cast<int64_t>(b) * p.num_heads + h) * p.seqlen_q;
       for (int i = 0; i < M; ++i) {
-        const bool empty = row_sum[i] == 0.f;  // fully masked row: out 0, lse -inf
-        const float inv = empty ? 0.f : 1.f / row_sum[i];
+        const bool empty = row_sum[i] == 0.f;  // fully masked row: out 0, lse -inf (or the sink)
+        float inv = empty ? 0.f : 1.f / row_sum[i];
+        float lse_row = empty ? kNegInf : (row_max[i] + std::log2(row_sum[i])) * kLn2;
+        if (p.learnable_sink != nullptr) add_sink(p.learnable_sink[h], &lse_row, &inv);
         T* dst = oh + (m0 + i) * p.o_row_stride;
         for (int t = 0; t < Dv; ++t) dst[t] = from_float<T>(o[i * Dv + t] * inv);
-        lse[m0 + i] = empty ? kNegInf : (row_max[i] + std::log2(row_sum[i])) * kLn2;
+        lse[m0 + i] = lse_row;
       }
     }
   }
 }
 
 // Recomputes P and dS = P * (dP - delta) for one tile; shared by both passes.
-// q[m][D] (unscaled), kt[D][n], vt[Dv][n], dout[m][Dv]; lse2 and delta per row.
+// q[m][D] (unscaled), kt[D][n], vt[Dv][n], dout[m][Dv]; lse2 and delta per row. row_pdp (may be
+// null): each row's sum of P * dP over the tile is added to it.
 struct TileGrad {
   std::vector<float> s, dp;
   explicit TileGrad(int bm, int bn) : s(bm * bn), dp(bm * bn) {}
 
   void compute(const float* q, const float* kt, const float* vt, const float* dout,
                const float* lse2, const float* delta, int M, int N, int D, int Dv, float scale_log2,
-               const MaskView& mask, TileClass cls, int m0, int n0) {
+               const MaskView& mask, TileClass cls, int m0, int n0, double* row_pdp = nullptr) {
     gemm_abt(q, kt, M, N, D, s.data());
     for (int i = 0; i < M; ++i) {
       float* si = s.data() + i * N;
@@ -217,6 +257,12 @@ struct TileGrad {
     }
     if (cls == kPartial) mask.apply(s.data(), m0, M, n0, N, 0.f);
     gemm_abt(dout, vt, M, N, Dv, dp.data());  // dP = dO V^T, over v's columns
+    if (row_pdp != nullptr)
+      for (int i = 0; i < M; ++i) {
+        float sum = 0.f;
+        for (int j = 0; j < N; ++j) sum += s[i * N + j] * dp[i * N + j];
+        row_pdp[i] += sum;
+      }
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) dp[i * N + j] = s[i * N + j] * (dp[i * N + j] - delta[i]);
   }
@@ -249,6 +295,11 @@ void backward(const fm3_bwd_params& bp) {
     delta[r] = static_cast<float>(acc);
     lse2[r] = p.softmax_lse[r] * kLog2e;
   }
+  // The sink's D_row as rowsum(P * dP), summed by the dQ pass from its fp32 P and dP: the value of
+  // rowsum(dout * out) without the rounding of a half-precision out, which the sum over every row of
+  // a head piles up (about 1% of dsink in bf16).
+  const bool want_dsink = bp.dlearnable_sink != nullptr;
+  std::vector<double> d_row(want_dsink ? n_rows : 0);
   auto row_index = [&](int b, int h, int i) { return (static_cast<int64_t>(b) * p.num_heads + h) * p.seqlen_q + i; };
   auto q_head = [&](const void* base, int b, int h) {
     return static_cast<const T*>(base) + b * p.q_batch_stride + h * p.q_head_stride;
@@ -305,6 +356,7 @@ void backward(const fm3_bwd_params& bp) {
 #pragma omp parallel
   {
     std::vector<float> kt(D * BN), vt(Dv * BN), kr(BN * D), q(BM * D), g(BM * Dv), dq(BM * D);
+    std::vector<double> pdp(BM);
     TileGrad tg(BM, BN);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < n_rows_work; ++w) {
@@ -317,6 +369,7 @@ void backward(const fm3_bwd_params& bp) {
       load_rows(q_head(p.q, b, h), p.q_row_stride, m0, M, D, 1.f, q.data());
       load_rows(o_head(bp.dout, b, h), p.o_row_stride, m0, M, Dv, 1.f, g.data());
       std::fill(dq.begin(), dq.end(), 0.f);
+      std::fill(pdp.begin(), pdp.end(), 0.0);
       const int64_t r0 = row_index(b, h, m0);
       for (int nb = 0; nb < n_nblocks; ++nb) {
         const TileClass cls = mask.classify(m0, m1, nb);
@@ -326,14 +379,16 @@ void backward(const fm3_bwd_params& bp) {
         load_rows_t(vh, p.v_row_stride, n0, N, Dv, vt.data());
         load_rows(kh, p.k_row_stride, n0, N, D, 1.f, kr.data());
         tg.compute(q.data(), kt.data(), vt.data(), g.data(), lse2.data() + r0, delta.data() + r0,
-                   M, N, D, Dv, scale_log2, mask, cls, m0, n0);
+                   M, N, D, Dv, scale_log2, mask, cls, m0, n0, want_dsink ? pdp.data() : nullptr);
         gemm_acc(tg.ds(), N, kr.data(), D, dq.data(), D, M, D, N);  // dQ += dS K
       }
+      if (want_dsink) std::copy(pdp.begin(), pdp.begin() + M, d_row.begin() + r0);
       T* dqh = static_cast<T*>(bp.dq) + b * p.q_batch_stride + h * p.q_head_stride;
       for (int i = 0; i < M; ++i)
         for (int t = 0; t < D; ++t) dqh[(m0 + i) * p.q_row_stride + t] = from_float<T>(dq[i * D + t] * scale);
     }
   }
+  if (want_dsink) sink_grad(p, d_row.data(), bp.dlearnable_sink);
 }
 
 int check(const fm3_fwd_params& p, char* err, size_t n) {
@@ -369,6 +424,10 @@ int fwd(const fm3_fwd_params* p, char* err, size_t err_len) {
 
 int bwd(const fm3_bwd_params* p, char* err, size_t err_len) {
   if (check(p->fwd, err, err_len)) return 1;
+  if (p->dlearnable_sink != nullptr && p->fwd.learnable_sink == nullptr) {
+    std::snprintf(err, err_len, "dlearnable_sink needs learnable_sink (the sink the forward ran with)");
+    return 1;
+  }
   switch (p->fwd.dtype) {
     case FM3_FLOAT32: backward<float>(*p); return 0;
     case FM3_FLOAT16: backward<half_bits>(*p); return 0;
