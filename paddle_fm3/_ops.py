@@ -51,15 +51,35 @@ def deterministic_requested() -> bool:
     return bool(flags.is_public(name) and flags[name])
 
 
-def attention_forward(q, k, v, startend_row_indices, block_mask, softmax_scale: float, causal: bool):
-    """``ops.fm3_flashmask_attention`` (same arguments, returns ``[out, softmax_lse]``; its backward
-    deterministic as ``deterministic_requested()`` says), recording no backward when the grad mode is
-    off: Paddle records one for a custom op whatever the mode (the built-in ops do not), which would
-    keep q, k, v alive, e.g. inside a PyLayer's forward."""
+def sink_input(learnable_sink):
+    """The ops' ``learnable_sink`` input: the float32 ``[num_heads]`` sink, or for None an empty
+    float32 tensor (the ops take it as a required input; yaml/ops.yaml says why)."""
+    return paddle.empty([0], dtype="float32") if learnable_sink is None else learnable_sink
+
+
+def attention_forward(q, k, v, startend_row_indices, block_mask, softmax_scale: float, causal: bool,
+                      learnable_sink=None):
+    """``ops.fm3_flashmask_attention`` (same arguments, the sink as a float32 ``[num_heads]`` tensor or
+    None; returns ``[out, softmax_lse]``; its backward deterministic as ``deterministic_requested()``
+    says), recording no backward when the grad mode is off: Paddle records one for a custom op
+    whatever the mode (the built-in ops do not), which would keep q, k, v alive, e.g. inside a
+    PyLayer's forward."""
     if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
         q, k, v = q.detach(), k.detach(), v.detach()
-    return ops.fm3_flashmask_attention(q, k, v, startend_row_indices, block_mask, softmax_scale, causal,
-                                       deterministic_requested())
+        learnable_sink = None if learnable_sink is None else learnable_sink.detach()
+    return ops.fm3_flashmask_attention(q, k, v, startend_row_indices, block_mask, sink_input(learnable_sink),
+                                       softmax_scale, causal, deterministic_requested())
 
 
-__all__ = ["ops", "attention_forward", "deterministic_requested"]
+def attention_backward(q, k, v, startend_row_indices, block_mask, out, softmax_lse, out_grad, softmax_scale: float,
+                       causal: bool, deterministic: bool, learnable_sink=None):
+    """``ops.fm3_flashmask_attention_bwd`` with the sink as a float32 ``[num_heads]`` tensor or None:
+    returns ``dq, dk, dv, dsink`` (``dsink`` None without a sink). dq, dk, dv see the sink only through
+    ``softmax_lse``; ``dsink`` depends only on ``out``, ``out_grad`` and ``softmax_lse``."""
+    dq, dk, dv, dsink = ops.fm3_flashmask_attention_bwd(q, k, v, startend_row_indices, block_mask,
+                                                        sink_input(learnable_sink), out, softmax_lse, out_grad,
+                                                        softmax_scale, causal, deterministic)
+    return dq, dk, dv, (None if learnable_sink is None else dsink)
+
+
+__all__ = ["ops", "attention_forward", "attention_backward", "deterministic_requested", "sink_input"]

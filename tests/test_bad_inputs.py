@@ -113,19 +113,35 @@ def test_head_dim_rule_cpu_and_gpu():
 def test_raw_op_checks_value_shape_in_c():
     """Under the Python checks (e.g. a static graph with unknown dims) the op's own checks stop a
     v or out of the wrong shape before the kernel reads it."""
-    from paddle_fm3._ops import ops
+    from paddle_fm3._ops import ops, sink_input
 
     q, k = paddle.randn([1, 16, 2, 192]), paddle.randn([1, 16, 2, 192])
     sri = paddle.full([1, 1, 16, 1], 16, "int32")
     for v in (paddle.randn([1, 15, 2, 128]), paddle.randn([1, 16, 1, 128])):
         with pytest.raises(ValueError, match=r"v \[batch, seqlen_k, num_heads_k, head_dim_v\]"):
-            ops.fm3_flashmask_attention(q, k, v, sri, None, 0.1, True, False)
+            ops.fm3_flashmask_attention(q, k, v, sri, None, sink_input(None), 0.1, True, False)
     with pytest.raises(ValueError, match="q's batch and head_dim"):
         ops.fm3_flashmask_attention(q, paddle.randn([1, 16, 2, 128]), paddle.randn([1, 16, 2, 128]), sri, None,
-                                    0.1, True, False)
+                                    sink_input(None), 0.1, True, False)
     v = paddle.randn([1, 16, 2, 128])
-    out, lse = ops.fm3_flashmask_attention(q, k, v, sri, None, 0.1, True, False)
+    out, lse = ops.fm3_flashmask_attention(q, k, v, sri, None, sink_input(None), 0.1, True, False)
     assert list(out.shape) == [1, 16, 2, 128]
     with pytest.raises(Exception, match="out_grad must have out's shape"):
-        ops.fm3_flashmask_attention_bwd(q, k, v, sri, None, out, lse, paddle.randn([1, 16, 2, 192]), 0.1, True,
-                                        False)
+        ops.fm3_flashmask_attention_bwd(q, k, v, sri, None, sink_input(None), out, lse, paddle.randn([1, 16, 2, 192]),
+                                        0.1, True, False)
+
+
+def test_raw_op_checks_learnable_sink_in_c():
+    """Under the Python checks the op's own check stops a sink of the wrong shape or dtype before the
+    kernel reads it; an empty sink is none."""
+    from paddle_fm3._ops import ops, sink_input
+
+    q = paddle.randn([1, 16, 2, 8])
+    sri = paddle.full([1, 1, 16, 1], 16, "int32")
+    for sink in (paddle.zeros([3]), paddle.zeros([2], "float64"), paddle.zeros([1, 2])):
+        with pytest.raises(ValueError, match=r"learnable_sink must be float32 \[num_heads\]"):
+            ops.fm3_flashmask_attention(q, q, q, sri, None, sink, 0.1, True, False)
+    out, lse = ops.fm3_flashmask_attention(q, q, q, sri, None, sink_input(None), 0.1, True, False)
+    want, want_lse = fm.flashmask_attention(q, q, q, causal=True, softmax_scale=0.1, return_softmax_lse=True)
+    np.testing.assert_array_equal(out.numpy(), want.numpy())
+    np.testing.assert_array_equal(lse.numpy(), want_lse.numpy())

@@ -17,7 +17,7 @@ import paddle
 import pytest
 
 from paddle_fm3 import _checks, mask_semantics, masks
-from paddle_fm3._ops import ops
+from paddle_fm3._ops import ops, sink_input
 from paddle_fm3.distributed.localize import explicit_four_column
 
 PKG = pathlib.Path(mask_semantics.__file__).resolve().parent
@@ -41,7 +41,7 @@ def test_attention_op_checks_mask_shape_in_c():
              (paddle.full([2, 1, 64, 4], 64, "int32"), r"shape\[3\] must be 1 or 2 with causal=True, got 4")]
     for sri, match in cases:
         with pytest.raises(ValueError, match=match):
-            ops.fm3_flashmask_attention(q, k, k, sri, None, 0.25, True, False)
+            ops.fm3_flashmask_attention(q, k, k, sri, None, sink_input(None), 0.25, True, False)
 
 
 @pytest.mark.parametrize("causal, c", [(True, 3), (False, 1), (False, 3)])
@@ -200,13 +200,13 @@ def test_block_mask_shape_checked_alike_in_python_and_c():
     sri = paddle.full([1, 1, 257, 1], 129, "int32")
     good = paddle.ones([1, 1, 2, 3], "int32")
     _validation.check_block_mask(good, sri, q, k)
-    out, _ = ops.fm3_flashmask_attention(q, k, k, sri, good, 0.25, True, False)
+    out, _ = ops.fm3_flashmask_attention(q, k, k, sri, good, sink_input(None), 0.25, True, False)
     assert not bool(paddle.isnan(out).any())
     bad = paddle.ones([1, 1, 1, 3], "int32")
     with pytest.raises(ValueError, match=r"ceil\(seqlen_k/128\)\] = \[1, 1, 2, 3\], got \[1, 1, 1, 3\]"):
         _validation.check_block_mask(bad, sri, q, k)
     with pytest.raises(ValueError, match=r"block_mask must be int32 \[batch, mask_heads, ceil\(seqlen_q / 128\)"):
-        ops.fm3_flashmask_attention(q, k, k, sri, bad, 0.25, True, False)
+        ops.fm3_flashmask_attention(q, k, k, sri, bad, sink_input(None), 0.25, True, False)
 
 
 def test_torch_backends_live_in_the_package_and_need_no_torch_to_import():

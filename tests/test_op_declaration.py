@@ -47,7 +47,16 @@ def test_backward_declaration_mirrors_forward():
         # The grad op sees the forward inputs, the forward outputs and their grads.
         assert tensors == [a.name for a in fwd.tensors] + fwd.outputs + ["out_grad"]
         assert [a.name for a in decl.attrs] == [a.name for a in fwd.attrs]
-        assert decl.outputs == [a.name + "_grad" for a in fwd.tensors if a.name in ("q", "k", "v")]
+        assert decl.outputs == [a.name + "_grad" for a in fwd.tensors if a.name in ("q", "k", "v", "learnable_sink")]
+
+
+def test_standalone_backward_op_is_the_grad_op():
+    """fm3_flashmask_attention_bwd (callers with their own lse, e.g. CP) takes and returns what the
+    generated grad op does, the learnable sink and its gradient included."""
+    op, grad = FWD["fm3_flashmask_attention_bwd"], BWD["fm3_flashmask_attention_grad"]
+    assert (op.args, op.outputs, op.optional, op.kernel) == (grad.args, grad.outputs, grad.optional, grad.kernel)
+    assert "learnable_sink" in [a.name for a in op.tensors] and "learnable_sink" not in op.optional
+    assert op.outputs[-1] == "learnable_sink_grad"
 
 
 def test_generated_sources_are_current(tmp_path):

@@ -75,14 +75,14 @@ def test_static_graph_with_unknown_dims_checks_mask_shape_at_run_time():
 
 
 def test_raw_op_checks_shapes():
-    from paddle_fm3._ops import ops
+    from paddle_fm3._ops import ops, sink_input
     q = paddle.randn([1, 100, 2, 16])
     k = paddle.randn([1, 90, 2, 16])
     for sri, what in [(paddle.full([1, 1, 50, 1], 100, "int32"), "must have shape"),
                       (paddle.full([1, 5, 90, 1], 100, "int32"), "shape\\[1\\]"),
                       (paddle.full([1, 1, 90, 3], 100, "int32"), "shape\\[3\\]")]:
         with pytest.raises(ValueError, match=what):
-            ops.fm3_flashmask_attention(q, k, k, sri, None, 0.25, True, False)
+            ops.fm3_flashmask_attention(q, k, k, sri, None, sink_input(None), 0.25, True, False)
 
 
 def test_huge_window_equals_no_window():

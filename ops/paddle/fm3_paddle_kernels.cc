@@ -60,9 +60,14 @@ std::vector<int64_t> out_shape_of(const paddle::Tensor& q, const paddle::Tensor&
   return {q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]};
 }
 
+// The op's learnable_sink input: float32 [num_heads], or empty for none (yaml/ops.yaml says why it
+// is not an optional input).
+bool has_sink(const paddle::Tensor& learnable_sink) { return learnable_sink.defined() && learnable_sink.numel() > 0; }
+
 fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
                            const paddle::Tensor& sri, const paddle::optional<paddle::Tensor>& block_mask,
-                           const paddle::Tensor& out, paddle::Tensor* lse, float softmax_scale, bool causal) {
+                           const paddle::Tensor& learnable_sink, const paddle::Tensor& out, paddle::Tensor* lse,
+                           float softmax_scale, bool causal) {
   PD_CHECK(q.shape().size() == 4 && k.shape().size() == 4 && v.shape().size() == 4, "q, k, v must be 4-D");
   PD_CHECK(sri.dtype() == paddle::DataType::INT32 && sri.shape().size() == 4,
            "startend_row_indices must be int32 [B, H_mask, S_k, C]");
@@ -86,6 +91,11 @@ fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, con
                  bs[2] == fm3::block_mask_blocks(qs[1]) && bs[3] == fm3::block_mask_blocks(Sk),
              "block_mask must be int32 [batch, mask_heads, ceil(seqlen_q / 128), ceil(seqlen_k / 128)]");
   }
+  if (has_sink(learnable_sink)) {
+    FM3_CHECK_ARG(learnable_sink.dtype() == paddle::DataType::FLOAT32 && learnable_sink.shape() ==
+                      std::vector<int64_t>{H},
+                  "learnable_sink must be float32 [num_heads] (one logit per query head), or empty for none");
+  }
   fm3_fwd_params p{};
   p.q = q.data();
   p.k = k.data();
@@ -94,6 +104,7 @@ fm3_fwd_params make_params(const paddle::Tensor& q, const paddle::Tensor& k, con
   p.softmax_lse = lse->data<float>();
   p.startend_row_indices = sri.data<int32_t>();
   p.block_mask = block_mask ? block_mask->data<int32_t>() : nullptr;
+  p.learnable_sink = has_sink(learnable_sink) ? learnable_sink.data<float>() : nullptr;
   strides_of(q, &p.q_batch_stride, &p.q_row_stride, &p.q_head_stride);
   strides_of(k, &p.k_batch_stride, &p.k_row_stride, &p.k_head_stride);
   strides_of(v, &p.v_batch_stride, &p.v_row_stride, &p.v_head_stride);
@@ -175,15 +186,17 @@ std::vector<paddle::Tensor> FlashmaskAttentionForward(const paddle::Tensor& q, c
                                                       const paddle::Tensor& v,
                                                       const paddle::Tensor& startend_row_indices,
                                                       const paddle::optional<paddle::Tensor>& block_mask,
-                                                      float softmax_scale, bool causal,
-                                                      bool /*deterministic: for the backward*/) {
+                                                      const paddle::Tensor& learnable_sink, float softmax_scale,
+                                                      bool causal, bool /*deterministic: for the backward*/) {
   // out has v's head dim: [batch, seqlen_q, num_heads, head_dim_v].
   auto out = new_output(out_shape_of(q, v), q.dtype(), q.place());
   auto lse = new_output({q.shape()[0], q.shape()[2], q.shape()[1]}, paddle::DataType::FLOAT32, q.place());
   if (q.numel() == 0) return {out, lse};
   check_same_place(q, {{"k", &k}, {"v", &v}, {"startend_row_indices", &startend_row_indices},
-                       {"block_mask", block_mask ? &*block_mask : nullptr}});
-  fm3_fwd_params p = make_params(q, k, v, startend_row_indices, block_mask, out, &lse, softmax_scale, causal);
+                       {"block_mask", block_mask ? &*block_mask : nullptr},
+                       {"learnable_sink", has_sink(learnable_sink) ? &learnable_sink : nullptr}});
+  fm3_fwd_params p = make_params(q, k, v, startend_row_indices, block_mask, learnable_sink, out, &lse,
+                                 softmax_scale, causal);
   char err[512] = {0};
   if (q.is_cpu()) {
     raise_on_error(fm3_cpu_fwd(&p, err, sizeof(err)), err);
@@ -202,12 +215,16 @@ std::vector<paddle::Tensor> FlashmaskAttentionForward(const paddle::Tensor& q, c
 std::vector<paddle::Tensor> FlashmaskAttentionBackward(
     const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
     const paddle::Tensor& startend_row_indices, const paddle::optional<paddle::Tensor>& block_mask,
-    const paddle::Tensor& out, const paddle::Tensor& softmax_lse, const paddle::Tensor& out_grad,
-    float softmax_scale, bool causal, bool deterministic) {
+    const paddle::Tensor& learnable_sink, const paddle::Tensor& out, const paddle::Tensor& softmax_lse,
+    const paddle::Tensor& out_grad, float softmax_scale, bool causal, bool deterministic) {
+  // The sink's gradient: float32 [num_heads], or empty like the sink when there is none.
+  const bool sink = has_sink(learnable_sink);
+  const std::vector<int64_t> sink_shape = sink ? learnable_sink.shape() : std::vector<int64_t>{0};
   // Empty inputs, or out unused by the loss (only the lse was): zero gradients, no kernel.
   if (q.numel() == 0 || k.numel() == 0 || !out_grad.defined() || !out_grad.initialized()) {
     return {paddle::full(q.shape(), 0, q.dtype(), q.place()), paddle::full(k.shape(), 0, k.dtype(), k.place()),
-            paddle::full(v.shape(), 0, v.dtype(), v.place())};
+            paddle::full(v.shape(), 0, v.dtype(), v.place()),
+            paddle::full(sink_shape, 0, paddle::DataType::FLOAT32, q.place())};
   }
   // A second backward through a graph that the first one freed does not get the forward's saved
   // tensors back (Paddle 3.3 hands other tensors in their places, e.g. a float one for the mask).
@@ -219,19 +236,23 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
   auto dq = new_output(q.shape(), q.dtype(), q.place());
   auto dk = new_output(k.shape(), k.dtype(), k.place());
   auto dv = new_output(v.shape(), v.dtype(), v.place());
+  auto dsink = sink ? new_output(sink_shape, paddle::DataType::FLOAT32, q.place())
+                    : paddle::empty(sink_shape, paddle::DataType::FLOAT32, q.place());
   PD_CHECK(out_grad.dtype() == q.dtype() && out_grad.shape() == out.shape(),
            "out_grad must have out's shape [batch, seqlen_q, num_heads, head_dim_v] and q's dtype");
   PD_CHECK(softmax_lse.dtype() == paddle::DataType::FLOAT32, "softmax_lse must be float32");
   check_same_place(q, {{"k", &k}, {"v", &v}, {"startend_row_indices", &startend_row_indices},
-                       {"block_mask", block_mask ? &*block_mask : nullptr}, {"out", &out},
+                       {"block_mask", block_mask ? &*block_mask : nullptr},
+                       {"learnable_sink", sink ? &learnable_sink : nullptr}, {"out", &out},
                        {"softmax_lse", &softmax_lse}, {"out_grad", &out_grad}});
   paddle::Tensor lse = softmax_lse;
   fm3_bwd_params bp{};
-  bp.fwd = make_params(q, k, v, startend_row_indices, block_mask, out, &lse, softmax_scale, causal);
+  bp.fwd = make_params(q, k, v, startend_row_indices, block_mask, learnable_sink, out, &lse, softmax_scale, causal);
   bp.dout = out_grad.data();
   bp.dq = dq.data();
   bp.dk = dk.data();
   bp.dv = dv.data();
+  bp.dlearnable_sink = sink ? dsink.data<float>() : nullptr;
   bp.deterministic = deterministic ? 1 : 0;  // the GPU kernel's dQ order; the CPU kernel always is deterministic
   char err[512] = {0};
   if (q.is_cpu()) {
@@ -253,7 +274,7 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
     PD_THROW("paddle_fm3 was built without CUDA kernels; move the tensors to CPU");
 #endif
   }
-  return {dq, dk, dv};
+  return {dq, dk, dv, dsink};
 }
 
 std::vector<paddle::Tensor> BlockClassify(const paddle::Tensor& startend_row_indices,
