@@ -125,6 +125,19 @@ def check_head_dims(head_dim: int, head_dim_k: int, head_dim_v: int, *, gpu: boo
                          f"{_config.SM90_HEAD_DIMS}")
 
 
+def check_learnable_sink_shape(shape, num_heads: int) -> None:
+    """The rule of ``learnable_sink``'s shape: ``[num_heads]``, one sink logit per query head. A dim
+    below 0 (unknown in a static graph) passes; the op checks it again at run time.
+
+    Raises:
+        ValueError: any other shape, naming ``learnable_sink``.
+    """
+    shape = list(shape)
+    if len(shape) != 1 or (shape[0] >= 0 and shape[0] != num_heads):
+        raise ValueError(f"learnable_sink must have shape [num_heads={num_heads}] (one logit per query head), "
+                         f"got {shape}")
+
+
 def check_softmax_scale(softmax_scale, head_dim: int) -> float:
     """``softmax_scale`` as a float, ``head_dim ** -0.5`` for None.
 

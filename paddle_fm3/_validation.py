@@ -9,6 +9,7 @@ import paddle
 
 from ._checks import FLOAT32_MAX, LOG2E, block_mask_blocks
 from ._checks import check_bool, check_head_dims, check_mask_cols, check_softmax_scale, normalize_window_size  # noqa: F401
+from ._checks import check_learnable_sink_shape
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
 QKV_LAYOUT = "[batch, seqlen, num_heads, head_dim]"
@@ -108,6 +109,13 @@ def check_block_mask(block_mask, sri, q, k) -> None:
     if paddle.in_dynamic_mode() and place is not None and place.is_cpu_place() and block_mask.size and bool(
             paddle.any((block_mask != 0) & (block_mask != 1))):
         raise ValueError("block_mask values must be 0 (masked) or 1 (kept)")
+
+
+def check_learnable_sink(learnable_sink, num_heads: int) -> None:
+    """A floating tensor ``[num_heads]`` (float32; float16 and bfloat16 are cast to float32 for the
+    kernels). Values are not checked (no device-to-host copy)."""
+    check_tensor("learnable_sink", learnable_sink, dtypes=FLOAT_DTYPES)
+    check_learnable_sink_shape(learnable_sink.shape, num_heads)
 
 
 def check_seed_offset(fixed_seed_offset) -> None:

@@ -22,25 +22,29 @@ def _unmasked(seqlen_q, seqlen_k, batch, causal, place):
 class _ZeroSizeAttention(paddle.autograd.PyLayer):
     """Output of a zero-size call, without a kernel (as in Paddle): no key is visible to any query
     row, so the output is zeros ``[batch, seqlen_q, num_heads, head_dim_v]`` (empty if that has no
-    elements), and the gradients of query, key and value are zeros of their shapes."""
+    elements), and the gradients of query, key, value (and the learnable sink, whose gradient
+    ``-sum p_sink * sum(dout * out)`` is 0 with out 0) are zeros of their shapes."""
 
     @staticmethod
-    def forward(ctx, query, key, value):
-        # (shape, needs a gradient) per input: PyLayer wants None for stop_gradient inputs
-        ctx.inputs = [(x.shape, not x.stop_gradient) for x in (query, key, value)]
+    def forward(ctx, query, key, value, *learnable_sink):
+        # (shape, dtype, needs a gradient) per input: PyLayer wants None for stop_gradient inputs
+        ctx.inputs = [(x.shape, x.dtype, not x.stop_gradient) for x in (query, key, value, *learnable_sink)]
         b, sq, h, _ = query.shape
         return paddle.zeros([b, sq, h, value.shape[3]], dtype=query.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return tuple(paddle.zeros(shape, dtype=grad_out.dtype) if needs else None for shape, needs in ctx.inputs)
+        return tuple(paddle.zeros(shape, dtype=dtype) if needs else None for shape, dtype, needs in ctx.inputs)
 
 
-def _zero_size_result(query, key, value):
-    """``(out, lse)`` of a zero-size call: zeros (see ``_ZeroSizeAttention``) and an lse of
-    ``-inf`` (no visible key)."""
+def _zero_size_result(query, key, value, learnable_sink):
+    """``(out, lse)`` of a zero-size call: zeros (see ``_ZeroSizeAttention``) and the lse of rows
+    that see no key: ``-inf``, or with a sink ``learnable_sink[h]``."""
     b, sq, h, _ = query.shape
-    return _ZeroSizeAttention.apply(query, key, value), paddle.full([b, h, sq], -np.inf, dtype="float32")
+    if learnable_sink is None:
+        return _ZeroSizeAttention.apply(query, key, value), paddle.full([b, h, sq], -np.inf, dtype="float32")
+    lse = learnable_sink.detach().astype("float32").reshape([1, h, 1]).expand([b, h, sq])
+    return _ZeroSizeAttention.apply(query, key, value, learnable_sink), lse
 
 
 def _seed_offset(fixed_seed_offset):
@@ -70,6 +74,7 @@ def flashmask_attention(
     name: str | None = None,
     softmax_scale: float | None = None,
     block_mask: paddle.Tensor | None = None,
+    learnable_sink: paddle.Tensor | None = None,
 ) -> paddle.Tensor | list[paddle.Tensor]:
     """FlashMask attention with O(N) column-boundary masks, forward and backward.
 
@@ -100,8 +105,9 @@ def flashmask_attention(
             to ``startend_row_indices`` exactly as Paddle does; excludes
             ``startend_row_indices``.
         return_softmax_lse: also return the float32 ``[batch, num_heads, seqlen_q]``
-            natural-log softmax normalizer (``-inf`` on fully masked rows); it is returned
-            with ``stop_gradient=True``: no gradient flows back through it.
+            natural-log softmax normalizer (``-inf`` on fully masked rows; with a sink it includes
+            ``exp(learnable_sink[h])``, and is ``learnable_sink[h]`` on fully masked rows); it is
+            returned with ``stop_gradient=True``: no gradient flows back through it.
         return_seed_offset: also return Paddle's dropout ``seed_offset``, int64 ``[2]`` on the
             CPU: ``fixed_seed_offset`` when given, else ``[0, 0]`` (no dropout, so no random
             number is drawn).
@@ -122,6 +128,14 @@ def flashmask_attention(
         block_mask: optional int32 ``[batch, H_mask, ceil(seqlen_q/128),
             ceil(seqlen_k/128)]``, 1 = keep the 128x128 block, 0 = mask it; AND-ed
             with ``startend_row_indices`` (which it requires).
+        learnable_sink: optional ``[num_heads]`` tensor, one learnable sink logit per query head
+            (gpt-oss's attention sinks), in the units of the scaled scores: a virtual key of score
+            ``learnable_sink[h]`` and value 0 in every row's softmax, so each row's denominator
+            gains ``exp(learnable_sink[h])``. The output sums over the real keys only; a row that
+            sees no key gives output 0. float32, or float16/bfloat16 (cast to float32 for the
+            kernels; its gradient comes back in its own dtype). Gradient: ``-sum over batch and
+            rows of exp(learnable_sink[h] - lse_row) * sum(dout_row * out_row)``. Values must be
+            finite (not checked).
 
     Returns:
         ``out`` (``[batch, seqlen_q, num_heads, head_dim_v]``: value's head dim; query's dtype); with ``return_softmax_lse`` and/or
@@ -178,13 +192,19 @@ def flashmask_attention(
         V.check_startend_row_indices(startend_row_indices, query, key, causal)
     if block_mask is not None:
         V.check_block_mask(block_mask, startend_row_indices, query, key)
+    if learnable_sink is not None:
+        V.check_learnable_sink(learnable_sink, num_heads)
 
     if zero_size:
-        out, softmax_lse = _zero_size_result(query, key, value)
+        out, softmax_lse = _zero_size_result(query, key, value, learnable_sink)
     else:
         if startend_row_indices is None:  # nothing masked beyond the causal triangle
             startend_row_indices = _unmasked(seqlen_q, seqlen_k, batch, causal, query.place)
-        out, softmax_lse = attention_forward(query, key, value, startend_row_indices, block_mask, scale, causal)
+        sink = learnable_sink
+        if sink is not None and sink.dtype != paddle.float32:
+            sink = sink.astype("float32")  # the kernels' dtype; the cast takes the gradient back to the sink's
+        out, softmax_lse = attention_forward(query, key, value, startend_row_indices, block_mask, scale, causal,
+                                             sink)
     outputs = [out]
     if return_softmax_lse:
         softmax_lse.stop_gradient = True  # no gradient flows back through the lse (as in Paddle's op)

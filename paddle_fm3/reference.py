@@ -111,9 +111,9 @@ def _as_sink(learnable_sink, num_heads: int):
     """float64 ``[1, H, 1, 1]`` of the sink logits (None: no sink)."""
     if learnable_sink is None:
         return None
-    sink = _as_float_array("learnable_sink", learnable_sink, 1)
-    if sink.shape != (num_heads,):
-        raise ValueError(f"learnable_sink must have shape [num_heads={num_heads}], got {list(sink.shape)}")
+    sink = np.asarray(learnable_sink)
+    _checks.check_learnable_sink_shape(sink.shape, num_heads)
+    sink = _as_float_array("learnable_sink", sink, 1)
     return sink.reshape(1, num_heads, 1, 1)
 
 

@@ -71,6 +71,22 @@ CASES = [
      ValueError, "fixed_seed_offset"),
     ("rng_name type", lambda: dict(args=qkv(), rng_name=3), TypeError, "rng_name"),
     ("key/value heads", lambda: dict(args=(qkv(hk=2)[0], qkv(hk=2)[1], qkv(hk=1)[2])), ValueError, "num_heads differ"),
+    ("learnable_sink length", lambda: dict(args=qkv(), learnable_sink=paddle.zeros([3])), ValueError,
+     "learnable_sink must have shape [num_heads=2] (one logit per query head), got [3]"),
+    ("learnable_sink per kv head", lambda: dict(args=qkv(h=4, hk=2), learnable_sink=paddle.zeros([2])), ValueError,
+     "learnable_sink must have shape [num_heads=4]"),
+    ("learnable_sink 2-D", lambda: dict(args=qkv(), learnable_sink=paddle.zeros([1, 2])), ValueError,
+     "learnable_sink must have shape [num_heads=2] (one logit per query head), got [1, 2]"),
+    ("learnable_sink 0-D", lambda: dict(args=qkv(), learnable_sink=paddle.zeros([])), ValueError,
+     "learnable_sink must have shape"),
+    ("learnable_sink integer", lambda: dict(args=qkv(), learnable_sink=paddle.zeros([2], "int32")), TypeError,
+     "learnable_sink must have dtype in (float32, float16, bfloat16)"),
+    ("learnable_sink numpy", lambda: dict(args=qkv(), learnable_sink=np.zeros(2, np.float32)), TypeError,
+     "learnable_sink must be a paddle.Tensor"),
+    ("learnable_sink list", lambda: dict(args=qkv(), learnable_sink=[0.0, 0.0]), TypeError,
+     "learnable_sink must be a paddle.Tensor"),
+    ("learnable_sink length, zero-size", lambda: dict(args=qkv(b=0), learnable_sink=paddle.zeros([3])), ValueError,
+     "learnable_sink must have shape [num_heads=2]"),
 ]
 
 

@@ -26,6 +26,10 @@ def test_each_cpu_kernel_copy_matches_the_reference(monkeypatch, kernel, dtype):
     # MLA: value head dim 128 under q/k's 192 (each copy's tiles of v, out, dV, dP)
     m = masks.FAMILIES["causal_document"](130, rng)
     run_case(rng, (1, 130, 2, 192), (1, 130, 1, 192), dtype, m.startend_row_indices, m.causal, head_dim_v=128)
+    # a learnable sink per query head (each copy's add_sink and sink gradient)
+    m = masks.FAMILIES["sliding_window"](200, rng, batch=2)
+    run_case(rng, (2, 200, 4, 64), (2, 200, 2, 64), dtype, m.startend_row_indices, m.causal,
+             learnable_sink=rng.standard_normal(4) * 2)
 
 
 def test_unknown_cpu_kernel_is_an_error(monkeypatch):
