@@ -56,7 +56,8 @@ def check_train_step(name: str) -> None:
     L.assert_matches_eager(fm3_run, eager_run)
     sink_grads = [g for n, g in fm3_run["grads"].items() if n in {p.name for p in _sinks(fm3)}]
     assert len(sink_grads) == 2 and all(np.abs(g).max() > 1e-4 for g in sink_grads), sink_grads
-    assert len(seen) == 2 and all(has_sink for has_sink, _ in seen), [s for s, _ in seen]
+    # 2 layers x 2 forwards (train_step's, and the one after its SGD step)
+    assert len(seen) == 4 and all(has_sink for has_sink, _ in seen), [s for s, _ in seen]
     sliding, full = seen[0][1], seen[1][1]
     assert (sliding[..., 0] <= full[..., 0]).all() and (sliding[..., 0] < full[..., 0]).any()
 
