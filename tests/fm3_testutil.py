@@ -40,6 +40,23 @@ def rel_err(actual, expected):
     return np.abs(actual - expected).max(initial=0.0) / scale
 
 
+def check_dsink(got, sink, lse, out, dout, exact, tol, rounding=1e-5):
+    """The learnable sink's gradient ``got`` [H], a sum over every row of terms t = -exp(sink - lse)
+    * sum(dout * out) of either sign, measured per head against max(sum of |t|, 1) (the sum's
+    condition, floored as rel_err is; tests/gpu's check_dsink does the same): within ``rounding``
+    (fp32 summation, or a half-precision sink's rounding) of the float64 sum over the out and lse the
+    backward was given (out ``[B, S, H, Dv]`` in the inputs' dtype, lse ``[B, H, S]``), and within
+    ``tol`` of ``exact``, the reference's gradient from the unrounded out."""
+    got = np.asarray(got, dtype=np.float64)
+    assert not np.isnan(got).any(), "NaN in the sink's gradient"
+    d_row = (np.asarray(dout, np.float64) * np.asarray(out, np.float64)).sum(-1).transpose(0, 2, 1)
+    terms = -np.exp(np.asarray(sink, np.float64)[None, :, None] - np.asarray(lse, np.float64)) * d_row
+    scale = np.maximum(np.abs(terms).sum(axis=(0, 2)), 1.0)
+    given = terms.sum(axis=(0, 2))
+    assert np.all(np.abs(got - given) <= rounding * scale), (got, given, scale)
+    assert np.all(np.abs(got - exact) <= tol * scale), (got, exact, scale)
+
+
 def launch_cp_workers(worker, nproc, out_dir, timeout, args=()):
     """Run ``python -m paddle.distributed.launch --nproc_per_node nproc worker out_dir *args`` (CPU,
     gloo) under a wall-clock ``timeout``; return every rank's records (``out_dir/rank{r}.json``,

@@ -135,8 +135,10 @@ inline void add_sink(float sink, float* lse, float* out_scale) {
 }
 
 // dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * D_row: the sink's value is 0, so the
-// row term D_row = rowsum(dout * out) is all of its softmax gradient. One thread per head, adding in
-// a fixed order in fp64: bitwise repeatable. A row with lse -inf (no key, no sink in its lse) adds 0.
+// row term D_row = rowsum(dout * out) is all of its softmax gradient. From the out and lse the
+// backward is given (a caller's merged ones under context parallelism, so not rowsum(P * dP) over
+// this call's keys). One thread per head, adding in a fixed order in fp64: bitwise repeatable. A
+// row with lse -inf (no key, no sink in its lse) adds 0.
 void sink_grad(const fm3_fwd_params& p, const double* d_row, float* dsink) {
 #pragma omp parallel for schedule(static)
   for (int h = 0; h < p.num_heads; ++h) {
@@ -236,15 +238,14 @@ void forward(const fm3_fwd_params& p) {
 }
 
 // Recomputes P and dS = P * (dP - delta) for one tile; shared by both passes.
-// q[m][D] (unscaled), kt[D][n], vt[Dv][n], dout[m][Dv]; lse2 and delta per row. row_pdp (may be
-// null): each row's sum of P * dP over the tile is added to it.
+// q[m][D] (unscaled), kt[D][n], vt[Dv][n], dout[m][Dv]; lse2 and delta per row.
 struct TileGrad {
   std::vector<float> s, dp;
   explicit TileGrad(int bm, int bn) : s(bm * bn), dp(bm * bn) {}
 
   void compute(const float* q, const float* kt, const float* vt, const float* dout,
                const float* lse2, const float* delta, int M, int N, int D, int Dv, float scale_log2,
-               const MaskView& mask, TileClass cls, int m0, int n0, double* row_pdp = nullptr) {
+               const MaskView& mask, TileClass cls, int m0, int n0) {
     gemm_abt(q, kt, M, N, D, s.data());
     for (int i = 0; i < M; ++i) {
       float* si = s.data() + i * N;
@@ -257,12 +258,6 @@ struct TileGrad {
     }
     if (cls == kPartial) mask.apply(s.data(), m0, M, n0, N, 0.f);
     gemm_abt(dout, vt, M, N, Dv, dp.data());  // dP = dO V^T, over v's columns
-    if (row_pdp != nullptr)
-      for (int i = 0; i < M; ++i) {
-        float sum = 0.f;
-        for (int j = 0; j < N; ++j) sum += s[i * N + j] * dp[i * N + j];
-        row_pdp[i] += sum;
-      }
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < N; ++j) dp[i * N + j] = s[i * N + j] * (dp[i * N + j] - delta[i]);
   }
@@ -281,8 +276,11 @@ void backward(const fm3_bwd_params& bp) {
   const float scale = p.softmax_scale, scale_log2 = p.softmax_scale * kLog2e;
   const int64_t n_rows = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
 
-  // delta = rowsum(dout * out), lse in log2 units; both [batch, num_heads, seqlen_q].
+  // delta = rowsum(dout * out), lse in log2 units; both [batch, num_heads, seqlen_q]. The sink's
+  // gradient takes delta unrounded (d_row, fp64).
+  const bool want_dsink = bp.dlearnable_sink != nullptr;
   std::vector<float> delta(n_rows), lse2(n_rows);
+  std::vector<double> d_row(want_dsink ? n_rows : 0);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n_rows; ++r) {
     const int i = static_cast<int>(r % p.seqlen_q), h = static_cast<int>((r / p.seqlen_q) % p.num_heads);
@@ -293,13 +291,10 @@ void backward(const fm3_bwd_params& bp) {
     double acc = 0.0;
     for (int t = 0; t < Dv; ++t) acc += static_cast<double>(to_float(o[t])) * to_float(g[t]);
     delta[r] = static_cast<float>(acc);
+    if (want_dsink) d_row[r] = acc;
     lse2[r] = p.softmax_lse[r] * kLog2e;
   }
-  // The sink's D_row as rowsum(P * dP), summed by the dQ pass from its fp32 P and dP: the value of
-  // rowsum(dout * out) without the rounding of a half-precision out, which the sum over every row of
-  // a head piles up (about 1% of dsink in bf16).
-  const bool want_dsink = bp.dlearnable_sink != nullptr;
-  std::vector<double> d_row(want_dsink ? n_rows : 0);
+  if (want_dsink) sink_grad(p, d_row.data(), bp.dlearnable_sink);
   auto row_index = [&](int b, int h, int i) { return (static_cast<int64_t>(b) * p.num_heads + h) * p.seqlen_q + i; };
   auto q_head = [&](const void* base, int b, int h) {
     return static_cast<const T*>(base) + b * p.q_batch_stride + h * p.q_head_stride;
@@ -356,7 +351,6 @@ void backward(const fm3_bwd_params& bp) {
 #pragma omp parallel
   {
     std::vector<float> kt(D * BN), vt(Dv * BN), kr(BN * D), q(BM * D), g(BM * Dv), dq(BM * D);
-    std::vector<double> pdp(BM);
     TileGrad tg(BM, BN);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < n_rows_work; ++w) {
@@ -369,7 +363,6 @@ void backward(const fm3_bwd_params& bp) {
       load_rows(q_head(p.q, b, h), p.q_row_stride, m0, M, D, 1.f, q.data());
       load_rows(o_head(bp.dout, b, h), p.o_row_stride, m0, M, Dv, 1.f, g.data());
       std::fill(dq.begin(), dq.end(), 0.f);
-      std::fill(pdp.begin(), pdp.end(), 0.0);
       const int64_t r0 = row_index(b, h, m0);
       for (int nb = 0; nb < n_nblocks; ++nb) {
         const TileClass cls = mask.classify(m0, m1, nb);
@@ -379,16 +372,14 @@ void backward(const fm3_bwd_params& bp) {
         load_rows_t(vh, p.v_row_stride, n0, N, Dv, vt.data());
         load_rows(kh, p.k_row_stride, n0, N, D, 1.f, kr.data());
         tg.compute(q.data(), kt.data(), vt.data(), g.data(), lse2.data() + r0, delta.data() + r0,
-                   M, N, D, Dv, scale_log2, mask, cls, m0, n0, want_dsink ? pdp.data() : nullptr);
+                   M, N, D, Dv, scale_log2, mask, cls, m0, n0);
         gemm_acc(tg.ds(), N, kr.data(), D, dq.data(), D, M, D, N);  // dQ += dS K
       }
-      if (want_dsink) std::copy(pdp.begin(), pdp.begin() + M, d_row.begin() + r0);
       T* dqh = static_cast<T*>(bp.dq) + b * p.q_batch_stride + h * p.q_head_stride;
       for (int i = 0; i < M; ++i)
         for (int t = 0; t < D; ++t) dqh[(m0 + i) * p.q_row_stride + t] = from_float<T>(dq[i * D + t] * scale);
     }
   }
-  if (want_dsink) sink_grad(p, d_row.data(), bp.dlearnable_sink);
 }
 
 int check(const fm3_fwd_params& p, char* err, size_t n) {
