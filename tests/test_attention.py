@@ -429,7 +429,7 @@ def test_standalone_backward_op_with_sink():
     sink = paddle.to_tensor(_sinks(rng, 4).astype(np.float32))
     dout = paddle.to_tensor(rng.standard_normal((1, 130, 4, 16)).astype(np.float32))
     sri = m.to_paddle()
-    for s, n_ref in ((sink, 4), (None, 3)):
+    for s, n_ref in ((None, 3), (sink, 4)):
         out, lse = _ops.attention_forward(q, k, v, sri, None, 0.25, True, s)
         got = _ops.attention_backward(q, k, v, sri, None, out, lse, dout, 0.25, True, False, s)
         ref = reference.attention_backward(q.numpy(), k.numpy(), v.numpy(), dout.numpy(), m.startend_row_indices,
@@ -440,6 +440,12 @@ def test_standalone_backward_op_with_sink():
             assert got[3] is None
         for g, want in zip(got, ref):
             assert rel_err(g.numpy(), want) < RTOL["float32"]
+    # Given a caller's out and lse (CP: merged over chunks of keys), the sink's gradient is theirs,
+    # whatever keys this call sees.
+    half = paddle.to_tensor(m.startend_row_indices[:, :, :65].copy())
+    k_half, v_half = k[:, :65].contiguous(), v[:, :65].contiguous()
+    chunk = _ops.attention_backward(q, k_half, v_half, half, None, out, lse, dout, 0.25, True, False, sink)
+    np.testing.assert_array_equal(chunk[3].numpy(), got[3].numpy())
 
 
 def test_sink_to_static_matches_dygraph():
