@@ -13,7 +13,7 @@ import paddle
 from paddle.autograd import PyLayer
 
 from .. import _validation as V
-from .._ops import attention_forward, deterministic_requested, ops
+from .._ops import attention_backward, attention_forward, deterministic_requested
 from . import step
 from .plan import CPPlan
 
@@ -33,8 +33,7 @@ class PaddleAttention(step.AttentionBackend):
         return attention_forward(q, k, v, mask, None, scale, False)  # in a PyLayer's forward: records no backward
 
     def bwd(self, q, k, v, out, lse, dout, mask, scale):
-        return ops.fm3_flashmask_attention_bwd(q, k, v, mask, None, out, lse, dout, scale, False,
-                                               deterministic_requested())
+        return attention_backward(q, k, v, mask, None, out, lse, dout, scale, False, deterministic_requested())[:3]
 
     def index(self, rows, like):
         return paddle.to_tensor(np.asarray(rows, dtype=np.int64), dtype="int64", place=like.place)
