@@ -10,8 +10,12 @@ sharing one dispatch.
 
 import pathlib
 
+import paddle
 import pytest
 from fm3_testutil import launch_cp_workers
+
+from paddle_fm3 import distributed as fm3dist
+from paddle_fm3 import masks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "cp" / "cp_worker.py"
@@ -87,3 +91,13 @@ def test_value_head_dim_differs_mla(results):
         for r in rows:
             assert r["out_shape"][-1] == 128 and r["dv_shape"][-1] == 128, (name, r["out_shape"], r["dv_shape"])
         assert any(r["recv_peers"] > 0 for r in rows), f"P={p} {name}: no rank received KV"
+
+
+def test_frozen_inputs_get_no_gradient():
+    """A q, k or v with stop_gradient (a frozen projection) gets no gradient; the others do (once
+    the PyLayer's backward failed: it returned a gradient for every input)."""
+    plan = fm3dist.make_cp_plan(masks.causal(32).startend_row_indices, causal=True, segment_size=16)
+    q, k, v = (paddle.randn([1, 32, 2, 8]) for _ in range(3))
+    q.stop_gradient = False
+    fm3dist.cp_flashmask_attention(q, k, v, plan).sum().backward()
+    assert q.grad is not None and float(q.grad.abs().max()) > 0 and k.grad is None and v.grad is None

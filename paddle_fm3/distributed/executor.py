@@ -91,6 +91,7 @@ class _CPAttention(PyLayer):
     def forward(ctx, q, k, v, plan, scale):
         out, lse, remote = step.forward(plan, _BACKEND, q, k, v, scale)
         ctx.plan, ctx.scale, ctx.remote = plan, scale, remote
+        ctx.needs_grad = [not x.stop_gradient for x in (q, k, v)]  # PyLayer wants None for the others
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -102,7 +103,8 @@ class _CPAttention(PyLayer):
         dq, dkv = step.backward(ctx.plan, _BACKEND, q, k, v, out, lse, dout, ctx.remote, ctx.scale)
         ctx.remote = None
         d = k.shape[-1]  # dkv: dK's d columns, then dV's (v's head dim)
-        return dq.astype(q.dtype), dkv[..., :d].astype(k.dtype), dkv[..., d:].astype(v.dtype)
+        grads = (dq.astype(q.dtype), dkv[..., :d].astype(k.dtype), dkv[..., d:].astype(v.dtype))
+        return tuple(g if needs else None for g, needs in zip(grads, ctx.needs_grad))
 
 
 def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=None, return_softmax_lse=False):
