@@ -184,10 +184,7 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
     scale = V.check_softmax_scale(softmax_scale, q_local.shape[-1])
     sink = ()
     if learnable_sink is not None:
-        V.check_tensor("learnable_sink", learnable_sink, dtypes=V.FLOAT_DTYPES)
-        if list(learnable_sink.shape) != [q_local.shape[2]]:
-            raise ValueError(f"learnable_sink must have shape [num_heads={q_local.shape[2]}] (one logit per "
-                             f"query head), got {list(learnable_sink.shape)}")
+        V.check_learnable_sink(learnable_sink, q_local.shape[2])  # the rule of flashmask_attention's sink
         sink = (learnable_sink.astype("float32"),)  # the cast takes the gradient back to the sink's dtype
     out, lse = _CPAttention.apply(q_local, k_local, v_local, plan, scale, *sink)
     return [out, lse] if return_softmax_lse else out
