@@ -86,26 +86,47 @@ def _lse_merge(o1, l1, o2, l2):
     return o1 * w1 + o2 * w2, lse
 
 
+def _sink_grad(sink, out, lse, dout):
+    """The sink's gradient from this rank's query rows: ``dsink[h] = -sum over batch and rows of
+    exp(sink[h] - lse_row) * sum(dout_row * out_row)``, with the final (sink-merged) ``out`` and
+    ``lse``. fp32 ``[H]``."""
+    d_row = (dout.astype("float32") * out.astype("float32")).sum(-1).transpose([0, 2, 1])  # [B, H, L]
+    logit = sink.reshape([1, -1, 1]) - lse
+    # a row with lse = -inf (possible only with a sink of -inf) has out 0: it adds nothing
+    p_sink = paddle.where(paddle.isinf(lse), paddle.zeros_like(lse), paddle.exp(logit))
+    return -(p_sink * d_row).sum([0, 2])
+
+
 class _CPAttention(PyLayer):
     @staticmethod
-    def forward(ctx, q, k, v, plan, scale):
-        out, lse, remote = step.forward(plan, _BACKEND, q, k, v, scale)
+    def forward(ctx, q, k, v, plan, scale, *sink):
+        # sink: () or (the fp32 [H] learnable sink,); PyLayer returns one gradient per tensor input
+        sink_lse = None
+        if sink:
+            b, l, h = q.shape[0], q.shape[1], q.shape[2]
+            sink_lse = sink[0].reshape([1, h, 1]).expand([b, h, l])
+        out, lse, remote = step.forward(plan, _BACKEND, q, k, v, scale, sink_lse=sink_lse)
         ctx.plan, ctx.scale, ctx.remote = plan, scale, remote
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.needs_grad = [not x.stop_gradient for x in (q, k, v, *sink)]  # PyLayer wants None for the others
+        ctx.save_for_backward(q, k, v, out, lse, *sink)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse=None):
-        q, k, v, out, lse = ctx.saved_tensor()
+        q, k, v, out, lse, *sink = ctx.saved_tensor()
         dout = dout.astype(q.dtype).contiguous()
         dq, dkv = step.backward(ctx.plan, _BACKEND, q, k, v, out, lse, dout, ctx.remote, ctx.scale)
         ctx.remote = None
         d = k.shape[-1]  # dkv: dK's d columns, then dV's (v's head dim)
-        return dq.astype(q.dtype), dkv[..., :d].astype(k.dtype), dkv[..., d:].astype(v.dtype)
+        grads = (dq.astype(q.dtype), dkv[..., :d].astype(k.dtype), dkv[..., d:].astype(v.dtype))
+        if sink:  # this rank's rows only: the grad sync of replicated weights reduces it over the CP group
+            grads += (_sink_grad(sink[0], out, lse, dout),)
+        return tuple(g if needs else None for g, needs in zip(grads, ctx.needs_grad))
 
 
-def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=None, return_softmax_lse=False):
+def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=None, return_softmax_lse=False,
+                           learnable_sink=None):
     """Context-parallel FlashMask attention on this rank's segments.
 
     Args:
@@ -116,7 +137,25 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
         plan: from :func:`make_cp_plan` (the mask is in the plan).
         softmax_scale: default ``head_dim ** -0.5``.
         return_softmax_lse: also return the fp32 ``[batch, num_heads, S/P]`` log-sum-exp of the
-            local rows (natural log; -inf on fully masked rows). It carries no gradient.
+            local rows (natural log; -inf on fully masked rows; with a sink it includes
+            ``exp(learnable_sink[h])`` and is ``learnable_sink[h]`` on fully masked rows). It carries
+            no gradient.
+        learnable_sink: optional ``[num_heads]`` tensor, one sink logit per query head, as in
+            :func:`paddle_fm3.flashmask_attention` (a virtual key of score ``learnable_sink[h]`` and
+            value 0 in every row's softmax); float32, or float16/bfloat16 (computed in float32, its
+            gradient in its own dtype). The same values on every rank of the CP group: a replicated
+            parameter. The kernels run without it on every KV chunk; it joins each row's
+            log-sum-exp once, after the last merge. Its gradient here is this rank's share, the
+            sum over the rank's own query rows; the sum over the CP group is the single-process
+            gradient. That sum is what the framework's gradient sync of any replicated weight does:
+            under fleet's ``sep`` axis, ``HybridParallelOptimizer.step`` all-reduces the gradients
+            of non-sharded parameters over the sep group with SUM, unscaled (over the dp x sep group,
+            scaled by ``1 / dp_degree``, when ``dp_degree > 1``; ``fused_allreduce_gradients`` in
+            Paddle 3.3.1); under its ``cp_degree`` axis, which Paddle carves out of ``sharding``,
+            the sharding optimizer's ``reduce_gradients`` averages over the whole sharding group
+            (the context ranks included), as it does for every other weight. So the sink needs
+            nothing beyond the sync its model's other weights already get; without any sync (a
+            hand-written loop), all-reduce its gradient (SUM) over the CP group.
 
     Returns:
         ``out`` (``[batch, S/P, num_heads, head_dim_v]``, dtype of ``q_local``), or ``[out, lse]``;
@@ -125,7 +164,8 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
 
     Raises:
         TypeError / ValueError: bad tensors, a ``plan`` that is not a :class:`CPPlan`, a non-bool
-            ``return_softmax_lse``, or shapes that do not match the plan.
+            ``return_softmax_lse``, shapes that do not match the plan, or a ``learnable_sink`` that
+            is not a floating tensor of shape ``[num_heads]``.
     """
     if not isinstance(plan, CPPlan):
         raise TypeError(f"plan must be a CPPlan (make_cp_plan), got {type(plan).__name__}")
@@ -142,5 +182,9 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
     if hm not in (1, k_local.shape[2], q_local.shape[2]):
         raise ValueError(f"mask heads {hm} must be 1, num_heads_k or num_heads")
     scale = V.check_softmax_scale(softmax_scale, q_local.shape[-1])
-    out, lse = _CPAttention.apply(q_local, k_local, v_local, plan, scale)
+    sink = ()
+    if learnable_sink is not None:
+        V.check_learnable_sink(learnable_sink, q_local.shape[2])  # the rule of flashmask_attention's sink
+        sink = (learnable_sink.astype("float32"),)  # the cast takes the gradient back to the sink's dtype
+    out, lse = _CPAttention.apply(q_local, k_local, v_local, plan, scale, *sink)
     return [out, lse] if return_softmax_lse else out

@@ -6,6 +6,8 @@ backends of ``backends/torch.py``, run by ``scripts/cp_torch_run.py`` and ``scri
 Forward: post the exchange of the KV segments that the plan says are needed (one message per
 peer, K and V packed together), compute attention of the local queries on the local KV meanwhile,
 then fold in each peer's KV as it arrives, merging the partial outputs by log-sum-exp in fp32.
+A learnable sink joins that merge once, after the last chunk (a partial of value 0 whose lse is
+the sink's logit): the kernels run without it on every chunk.
 
 Backward mirrors it: with the merged (out, lse), the attention backward on each KV chunk gives
 exact partial gradients (dQ sums over chunks; dK/dV per chunk). The partial dK/dV of remote chunks
@@ -94,16 +96,20 @@ class AttentionBackend(abc.ABC):
         """Merge two partial results (o fp32, l fp32; -inf: the row saw nothing) -> ``(o, l)``."""
 
 
-def forward(plan, backend: AttentionBackend, q, k, v, scale: float, comm=None):
+def forward(plan, backend: AttentionBackend, q, k, v, scale: float, comm=None, sink_lse=None):
     """This rank's CP attention forward.
 
     Args:
         plan: the rank's :class:`~.plan.CPPlan`; ``comm`` (default ``plan.comm``) carries its exchange.
         q, k, v: the rank's rows (``plan.dispatch`` order), ``[B, L, H(_k), D]`` (v: ``D_v``).
+        sink_lse: optional fp32 ``[B, H, L]``, each row's learnable sink logit ``sink[h]``: merged
+            once into the rows' result after every chunk, as a partial of output 0 and lse
+            ``sink[h]`` (so ``lse = logaddexp(lse, sink)``, ``out *= exp(lse_old - lse)``; a row that
+            saw no key gets out 0 and lse ``sink[h]``).
 
     Returns:
-        ``(out, lse, remote)``: out in q's dtype, lse fp32 ``[B, H, L]`` and ``remote``, the received
-        KV ``[(peer, k, v)]`` that :func:`backward` needs.
+        ``(out, lse, remote)``: out in q's dtype, lse fp32 ``[B, H, L]`` (with the sink when given)
+        and ``remote``, the received KV ``[(peer, k, v)]`` that :func:`backward` needs.
     """
     comm = plan.comm if comm is None else comm
     lay = plan.layout
@@ -125,11 +131,15 @@ def forward(plan, backend: AttentionBackend, q, k, v, scale: float, comm=None):
         remote.append((p, kp, vp))
     if pending is not None:
         pending.wait_all()
+    if sink_lse is not None:  # once per row, in fp32, before the cast to q's dtype
+        acc, lse = backend.lse_merge(acc, lse, backend.zeros_f32(acc.shape, acc), sink_lse)
     return backend.cast_like(acc, q), lse, remote
 
 
 def backward(plan, backend: AttentionBackend, q, k, v, out, lse, dout, remote: List, scale: float, comm=None):
     """This rank's CP attention backward (the mirror of :func:`forward`, whose outputs it takes).
+    With a sink, ``out`` and ``lse`` are forward's final ones (the sink merged in), which is all
+    the kernels need for exact dq, dk, dv; the sink's own gradient is the caller's (``executor``).
 
     Returns:
         ``(dq, dkv)``: fp32 ``[B, L, H, D]`` and fp32 ``[B, L, H_k, D + D_v]`` (dK and dV of the rank's

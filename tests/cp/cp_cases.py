@@ -90,6 +90,60 @@ def run_case(name, sri, causal, *, heads=(2, 1, 16), batch=1, seg=32, plan=None,
     }
 
 
+def run_sink_case(name, sri, causal, *, heads=(2, 1, 16), batch=1, seg=32, seed=0):
+    """One CP forward + backward with a learnable sink against the float64 reference (which has
+    the sink; the single-process op may not). The sink's gradient is this rank's share: it is
+    compared with the reference's share of the rank's rows, and its all-reduced sum over the
+    group with the reference's whole ``dsink``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    h, hk, d = heads
+    s = sri.shape[2]
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, s, h, d)).astype(np.float32)
+    k = rng.standard_normal((batch, s, hk, d)).astype(np.float32)
+    v = rng.standard_normal((batch, s, hk, d)).astype(np.float32)
+    do = rng.standard_normal((batch, s, h, d)).astype(np.float32)
+    sink = (rng.standard_normal(h) * 2).astype(np.float32)  # some rows' sink outweighs their keys
+    ref_out, ref_lse = reference.attention_forward(q, k, v, sri, causal=causal, learnable_sink=sink)
+    ref_dq, ref_dk, ref_dv, ref_dsink = reference.attention_backward(q, k, v, do, sri, causal=causal,
+                                                                     learnable_sink=sink)
+    plan = fm3dist.make_cp_plan(sri, causal=causal, segment_size=seg, debug=True)
+    ql = plan.dispatch(t(q)); kl = plan.dispatch(t(k)); vl = plan.dispatch(t(v))
+    sk = t(sink, True)
+    for x in (ql, kl, vl):
+        x.stop_gradient = False
+    out_l, lse_l = fm3dist.cp_flashmask_attention(ql, kl, vl, plan, return_softmax_lse=True, learnable_sink=sk)
+    (out_l * plan.dispatch(t(do))).sum().backward()
+    dsink_local = sk.grad.numpy().astype(np.float64)
+    dsink_sum = sk.grad.clone()
+    dist.all_reduce(dsink_sum)  # what the grad sync of a replicated weight does (SUM over the group)
+    disp = lambda x: plan.dispatch(t(x)).numpy()  # noqa: E731
+    lse_ref = disp(ref_lse.transpose(0, 2, 1))  # [B, L, H] of the rank's rows
+    lse_cp = lse_l.transpose([0, 2, 1]).numpy()
+    # the reference's dsink over this rank's rows only (the same formula as reference.attention_backward)
+    d_row = disp((do.astype(np.float64) * ref_out).sum(-1))  # [B, L, H]
+    share = -(np.exp(sink[None, None, :] - lse_ref.astype(np.float64)) * d_row).sum((0, 1))
+    masked = ~reference.dense_visibility(batch, s, s, h, hk, sri, causal=causal).any(-1)  # [B, H, S]
+    masked_l = disp(masked.transpose(0, 2, 1).astype(np.float32)) > 0.5
+    return {
+        "case": name, "P": world, "rank": rank, "sink": True,
+        "out": rel(out_l.numpy(), disp(ref_out)), "undispatch": rel(plan.undispatch(out_l).numpy(), ref_out),
+        "lse": float(np.abs(lse_cp - lse_ref).max()),
+        "dq": rel(ql.grad.numpy(), disp(ref_dq)), "dk": rel(kl.grad.numpy(), disp(ref_dk)),
+        "dv": rel(vl.grad.numpy(), disp(ref_dv)),
+        "dsink_share": rel(dsink_local, share), "dsink_sum": rel(dsink_sum.numpy(), ref_dsink),
+        "dsink_share_vs_whole": rel(dsink_local, ref_dsink),  # a share, not the whole: far from 0
+        "masked_rows": int(masked_l.sum()),
+        # rows that see no key: out exactly 0, lse exactly the sink
+        "masked_out_absmax": float(np.abs(out_l.numpy()[masked_l]).max()) if masked_l.any() else 0.0,
+        "masked_lse_err": float(np.abs(lse_cp[masked_l] - np.broadcast_to(sink, lse_cp.shape)[masked_l]).max())
+        if masked_l.any() else 0.0,
+        "nan": bool(any(np.isnan(x).any() for x in (out_l.numpy(), lse_cp, ql.grad.numpy(), kl.grad.numpy(),
+                                                    vl.grad.numpy(), dsink_local))),
+        "recv_peers": len(plan.recv_peers),
+    }
+
+
 def guarded(results, name, fn):
     """Run ``fn()``; record its exception (with the traceback) in ``results`` instead of raising."""
     try:

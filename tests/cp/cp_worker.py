@@ -17,7 +17,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from cp_cases import fm3dist, guarded as _guarded, run_case as _run_case  # tests/cp (the script's folder)
+from cp_cases import fm3dist, guarded as _guarded, run_case as _run_case, run_sink_case  # tests/cp (the script's folder)
 from paddle_fm3 import masks
 
 paddle.set_device("cpu")
@@ -96,6 +96,18 @@ def two_masks():
 
 
 guarded("two_masks", two_masks)
+
+# learnable sinks: the sink joins each row's log-sum-exp once, after the last merge
+sink_rng = np.random.default_rng(99)
+for fam in ("causal", "document", "sliding_window", "qk_sparse"):
+    fm = masks.FAMILIES[fam](S, sink_rng)
+    guarded(f"sink_{fam}", lambda fm=fm, fam=fam: results.append(
+        run_sink_case(f"sink_{fam}", fm.startend_row_indices, fm.causal, seed=5)))
+fm = masks.causal_document([[37, 91, 128], [5, 200, 51]], S, batch=2)  # GQA 4 / 2, batch 2
+guarded("sink_gqa_batch2", lambda: results.append(
+    run_sink_case("sink_gqa_batch2", fm.startend_row_indices, True, heads=(4, 2, D), batch=2, seed=6)))
+# the all_masked_rank mask above: rows that see no key get out 0 and lse = sink
+guarded("sink_all_masked_rank", lambda: results.append(run_sink_case("sink_all_masked_rank", sri, False, seed=7)))
 
 out_dir = sys.argv[1]
 with open(os.path.join(out_dir, f"rank{RANK}.json"), "w") as f:
