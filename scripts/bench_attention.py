@@ -32,11 +32,21 @@ clock and board power there (nvidia-smi, second half) and its TFLOP/s over those
 <name>_sm_mhz / <name>_power_w / <name>_sustained. --rounds N times each row's implementations N times
 in alternating order and reports the medians, each round's value under <name>_rounds (for rows whose
 ratio is within a run's spread of a target).
+
+--random-params SEED [SEED ...] times every family once per seed, its parameters (document counts and
+lengths, prefix lengths, window sizes, spans, evictions: paddle_fm3.testing.FAMILIES) drawn from the
+seed and the family's name, so that a family is a distribution of instances and not the one instance
+of seed 0; each row carries its params_seed and density. scripts/bench_summary.py then gives the
+worst ratio over the seeds:
+
+    python3 scripts/bench_attention.py --seqlens 8192 --head-dims 128 --random-params 1 2 3 --out rows.json
+    python3 scripts/bench_summary.py rows.json
 """
 import argparse
 import json
 import os
 import sys
+import zlib
 
 import numpy as np
 
@@ -275,6 +285,8 @@ def main():
                          "reported, each round's value under <name>_rounds)")
     ap.add_argument("--back-to-back", action="store_true",
                     help="time --rep calls launched without synchronizing in between (mean), not each call alone")
+    ap.add_argument("--random-params", type=int, nargs="+", metavar="SEED", default=None,
+                    help="time each family once per seed, its parameters drawn from the seed (see the module doc)")
     ap.add_argument("--clocks", action="store_true",
                     help="also run each implementation back to back for 2 s: its SM clock and power there (nvidia-smi) "
                          "and its TFLOP/s over those 2 s")
@@ -333,9 +345,22 @@ def dims_row(d, dv):
     return {"head_dim": d, **({"head_dim_v": dv} if dv != d else {})}
 
 
-def family_mask(fam, s, b):
+def family_rng(fam, seed):
+    """The generator of a family's parameters: the benchmark's fixed instance (seed None: the
+    generator of seed 0, as before --random-params), or one drawn from the seed and the family's name
+    (the same instance on any machine)."""
+    return np.random.default_rng(0 if seed is None else [seed, zlib.crc32(fam.encode())])
+
+
+def instances(args):
+    """(family, params_seed) of every row: each family once, or once per --random-params seed."""
+    seeds = args.random_params or [None]
+    return [(fam, seed) for fam in args.families.split(",") for seed in seeds]
+
+
+def family_mask(fam, s, b, seed=None):
     """(startend_row_indices as int32 numpy, causal, visible pairs) of one family."""
-    fm = masks.FAMILIES[fam](s, np.random.default_rng(0), batch=b)
+    fm = masks.FAMILIES[fam](s, family_rng(fam, seed), batch=b)
     sri_np = np.ascontiguousarray(fm.startend_row_indices, dtype=np.int32)
     return sri_np, fm.causal, masks.density(sri_np, fm.causal) * b * s * s
 
@@ -372,12 +397,12 @@ def main_fwd(args):
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # [B, H, S, D] views
         flex_mask = FlexMask(b, s)
-        for fam in args.families.split(","):
-            sri_np, causal, pairs = family_mask(fam, s, b)
+        for fam, seed in instances(args):
+            sri_np, causal, pairs = family_mask(fam, s, b, seed)
             flops = 2.0 * h * (d + dv) * pairs
             sri = torch.from_numpy(sri_np).cuda()
             row = {"family": fam, **dims_row(d, dv), "seqlen": s, "batch": b, "heads": h,
-                   "density": pairs / (b * s * s)}
+                   "density": pairs / (b * s * s), **({"params_seed": seed} if seed is not None else {})}
             if flex:
                 flex_mask.set_family(sri_np, causal)
                 bmask = flex_mask.block_mask()
@@ -422,12 +447,12 @@ def main_bwd(args):
         qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
         qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
         flex_mask = FlexMask(b, s)
-        for fam in args.families.split(","):
-            sri_np, causal, pairs = family_mask(fam, s, b)
+        for fam, seed in instances(args):
+            sri_np, causal, pairs = family_mask(fam, s, b, seed)
             bwd_flops = 2.0 * h * (3 * d + 2 * d_v) * pairs
             sri = torch.from_numpy(sri_np).cuda()
             row = {"family": fam, **dims_row(d, d_v), "seqlen": s, "batch": b, "heads": h,
-                   "density": pairs / (b * s * s)}
+                   "density": pairs / (b * s * s), **({"params_seed": seed} if seed is not None else {})}
 
             def fm3_bwd(det=False):
                 kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal, deterministic=det)

@@ -78,3 +78,38 @@ def test_clocks_come_from_the_last_round():
     assert row["fm3"] == 110.0 and row["fm3_rounds"] == [100.0, 120.0]
     assert (row["fm3_sm_mhz"], row["fm3_power_w"]) == (1500.0, 690.0)
     assert row["fm3_sustained"] == 100.0  # the last round's 120 TFLOP/s at 0.010 s timed, 0.012 s sustained
+
+
+def test_random_params_are_reproducible_and_differ_from_the_fixed_instance():
+    """--random-params: an instance per (family, seed), the same on every call; seed None is the fixed
+    instance of before (the generator of seed 0); different seeds give different instances."""
+    import argparse
+    import numpy as np
+
+    ba = load()
+    args = argparse.Namespace(families="document,sliding_window", random_params=[1, 2, 3])
+    assert ba.instances(args) == [("document", 1), ("document", 2), ("document", 3),
+                                  ("sliding_window", 1), ("sliding_window", 2), ("sliding_window", 3)]
+    assert ba.instances(argparse.Namespace(families="causal", random_params=None)) == [("causal", None)]
+    for fam in ("document", "sliding_window", "prefix_lm_causal", "qk_sparse"):
+        a, _, pa = ba.family_mask(fam, 4096, 2, seed=7)
+        b, _, pb = ba.family_mask(fam, 4096, 2, seed=7)
+        assert np.array_equal(a, b) and pa == pb
+        fixed, _, _ = ba.family_mask(fam, 4096, 2)
+        drawn = [ba.family_mask(fam, 4096, 2, seed=s)[0] for s in (1, 2, 3)]
+        assert any(not np.array_equal(x, fixed) for x in drawn)
+        assert not all(np.array_equal(drawn[0], x) for x in drawn[1:])
+
+
+def test_summary_reports_the_worst_seed():
+    spec = importlib.util.spec_from_file_location("bench_summary", SCRIPT.parent / "bench_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [{"family": "document", "head_dim": 128, "seqlen": 8192, "fm3": f, "flex_flash": p, "cudnn": None,
+             "params_seed": s, "density": dens} for f, p, s, dens in
+            ((500.0, 450.0, 1, 0.2), (480.0, 520.0, 2, 0.3), (510.0, 500.0, 3, 0.25))]
+    table = mod.worst_ratios(rows)
+    assert set(table) == {(128, 128, 8192, "document", "flex_flash")}  # cudnn null: no column
+    v = table[(128, 128, 8192, "document", "flex_flash")]
+    assert v["seed"] == 2 and v["density"] == 0.3 and v["n"] == 3
+    assert v["worst"] == pytest.approx(480 / 520) and v["median"] == pytest.approx(510 / 500)
