@@ -197,13 +197,18 @@ def attention_forward(q, k, v, startend_row_indices=None, *, causal: bool = Fals
 
 def attention_backward(q, k, v, dout, startend_row_indices=None, *, causal: bool = False,
                        softmax_scale: Optional[float] = None,
-                       block_mask=None, learnable_sink=None) -> Tuple[np.ndarray, ...]:
+                       block_mask=None, learnable_sink=None, out=None) -> Tuple[np.ndarray, ...]:
     """Reference FlashMask attention backward, in float64.
 
     Args:
         q, k, v, startend_row_indices, causal, softmax_scale, block_mask, learnable_sink: as in
             :func:`attention_forward`.
         dout: ``[B, S_q, H, D_v]``, gradient of the loss w.r.t. ``out``.
+        out: optional ``[B, S_q, H, D_v]``, the forward output a kernel's backward is given. ``D_row =
+            sum(dout * out)`` is then taken from it, as the kernels take it (``params.h``): the gradient
+            they compute exactly, whose difference to the default's is the rounding of a half-precision
+            ``out`` (on a row that sees few keys it can exceed that dtype's tolerance). None: the exact
+            forward's output.
 
     Returns:
         ``(dq, dk, dv)`` float64 with the shapes of q, k, v, and with ``learnable_sink`` also
@@ -223,7 +228,13 @@ def attention_backward(q, k, v, dout, startend_row_indices=None, *, causal: bool
     sk = kh.shape[1]
     dv_h = np.einsum("bhqk,bqhd->bkhd", p, do)
     dp = np.einsum("bqhd,bkhd->bhqk", do, vh)
-    delta = (p * dp).sum(axis=-1, keepdims=True)  # = rowsum(dO * O)
+    if out is None:
+        delta = (p * dp).sum(axis=-1, keepdims=True)  # = rowsum(dO * O)
+    else:
+        o = _as_float_array("out", out, 4)
+        if o.shape != do.shape:
+            raise ValueError(f"out must have shape {do.shape}, got {o.shape}")
+        delta = np.einsum("bqhd,bqhd->bhq", do, o)[..., None]
     ds = p * (dp - delta)
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kh) * scale
     dk_h = np.einsum("bhqk,bqhd->bkhd", ds, qf) * scale

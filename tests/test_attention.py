@@ -17,7 +17,9 @@ def _to64(t):
 
 def run_case(rng, q_shape, kv_shape, dtype, sri, causal, softmax_scale=None, block_mask=None, window_size=None,
              check_grads=True, head_dim_v=None, learnable_sink=None, sink_dtype=None):
-    """Run our op forward+backward and the reference on the same (dtype-rounded) inputs. ``head_dim_v``:
+    """Run our op forward+backward and the reference on the same (dtype-rounded) inputs, the backward's
+    including the ``out`` it is given (the reference's ``out=``: D_row from it, as the kernel takes it;
+    out itself is checked against the exact forward first). ``head_dim_v``:
     value's head dim when it differs from kv_shape's (MLA). ``learnable_sink``: the sink logits
     ``[num_heads]``, given as a tensor of ``sink_dtype`` (default: the inputs' dtype); its gradient is
     checked too."""
@@ -54,7 +56,8 @@ def run_case(rng, q_shape, kv_shape, dtype, sri, causal, softmax_scale=None, blo
         return
     dout = paddle.to_tensor(rng.standard_normal(out.shape).astype(np.float32)).astype(dtype)
     paddle.autograd.backward([out], [dout])
-    ref = reference.attention_backward(_to64(q), _to64(k), _to64(v), _to64(dout), ref_sri, **kw)
+    args = (_to64(q), _to64(k), _to64(v), _to64(dout), ref_sri)
+    ref = reference.attention_backward(*args, out=_to64(out), **kw)
     assert len(ref) == len(leaves)
     for name, leaf, want in zip(("dq", "dk", "dv"), leaves, ref):
         assert leaf.grad.dtype == leaf.dtype, name
@@ -65,10 +68,11 @@ def run_case(rng, q_shape, kv_shape, dtype, sri, causal, softmax_scale=None, blo
         # rounding a sum over every row of a head carries: measured against the sum's condition
         assert sink.grad.dtype == sink.dtype
         sink_tol = RTOL[str(sink.dtype).replace("paddle.", "")]
-        check_dsink(_to64(sink.grad), _to64(sink), lse.numpy(), _to64(out), _to64(dout), ref[3], max(tol, sink_tol),
+        exact = reference.attention_backward(*args, **kw)[3]
+        check_dsink(_to64(sink.grad), _to64(sink), lse.numpy(), _to64(out), _to64(dout), exact, max(tol, sink_tol),
                     rounding=max(RTOL["float32"], sink_tol))
         if dtype == "float32" and sink.dtype == paddle.float32:
-            assert rel_err(_to64(sink.grad), ref[3]) < tol
+            assert rel_err(_to64(sink.grad), exact) < tol
 
 
 FAMILIES = sorted(masks.FAMILIES)

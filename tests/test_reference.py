@@ -452,3 +452,31 @@ def test_sink_bad_shape():
         R.attention_forward(q, k, v, learnable_sink=np.zeros(3))
     with pytest.raises(ValueError, match="learnable_sink"):
         R.attention_forward(q, k, v, learnable_sink=np.zeros((1, 2)))
+
+
+def test_backward_given_out_takes_its_d_row():
+    """``out=``: D_row = sum(dout * out) of the given out. The exact out gives the default's gradients;
+    an out off by e changes dS by -P * (dout . e) per row: dv stays, dq and dk move by exactly that."""
+    rng = np.random.default_rng(31)
+    q, k, v = rand_qkv(rng, 1, 7, 7, 2, 1, 3, Dv=2)
+    sri = M.causal_document([3, 4]).startend_row_indices
+    dout = rng.standard_normal((1, 7, 2, 2))
+    kw = dict(startend_row_indices=sri, causal=True, softmax_scale=0.6)
+    out, _ = R.attention_forward(q, k, v, **kw)
+    exact = R.attention_backward(q, k, v, dout, **kw)
+    for got, want in zip(R.attention_backward(q, k, v, dout, out=out, **kw), exact):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    e = 1e-3 * rng.standard_normal(out.shape)
+    dq, dk, dv = R.attention_backward(q, k, v, dout, out=out + e, **kw)
+    np.testing.assert_array_equal(dv, exact[2])
+    vis = R.dense_visibility(1, 7, 7, 2, 1, sri, causal=True)
+    s = np.where(vis, np.einsum("bqhd,bkhd->bhqk", q, np.repeat(k, 2, 2)) * 0.6, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dd = np.einsum("bqhd,bqhd->bhq", dout, e)[..., None]  # D_row's change
+    want_dq = exact[0] - 0.6 * np.einsum("bhqk,bkhd->bqhd", p * dd, np.repeat(k, 2, 2))
+    want_dk = exact[1] - 0.6 * np.einsum("bhqk,bqhd->bkd", p * dd, q)[:, :, None]  # summed over the group
+    np.testing.assert_allclose(dq, want_dq, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(dk, want_dk, rtol=1e-10, atol=1e-13)
+    with pytest.raises(ValueError, match="out must have shape"):
+        R.attention_backward(q, k, v, dout, out=out[:, :6], **kw)
