@@ -205,10 +205,10 @@ def attention_backward(q, k, v, dout, startend_row_indices=None, *, causal: bool
             :func:`attention_forward`.
         dout: ``[B, S_q, H, D_v]``, gradient of the loss w.r.t. ``out``.
         out: optional ``[B, S_q, H, D_v]``, the forward output a kernel's backward is given. ``D_row =
-            sum(dout * out)`` is then taken from it, as the kernels take it (``params.h``): the gradient
-            they compute exactly, whose difference to the default's is the rounding of a half-precision
-            ``out`` (on a row that sees few keys it can exceed that dtype's tolerance). None: the exact
-            forward's output.
+            sum(dout * out)`` is then taken from it, as the kernels take it (``params.h``), so the result
+            is what they compute up to their own rounding. It differs from the default by what a
+            half-precision ``out``'s rounding does to D_row, which on a row that sees few keys can exceed
+            that dtype's tolerance. None: the exact forward's output.
 
     Returns:
         ``(dq, dk, dv)`` float64 with the shapes of q, k, v, and with ``learnable_sink`` also
