@@ -7,7 +7,8 @@ FlexAttention (FLASH or Triton backend), forward or backward, one mask family. R
         --set full --import-source yes -o $OUT/ours python3 scripts/profile_case.py --impl fm3 --bwd
 
 --kernel-times also prints every kernel's GPU time per call; --compare fm3,flex_flash instead times the
-implementations in alternating rounds in one process, each call's event time beside its kernels' time.
+implementations in alternating rounds in one process, each call's event time beside its kernels' time
+(--compare fm3: the host-side overhead of our entry point, the gap between the two).
 """
 import argparse
 import os
@@ -16,10 +17,12 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_attention as ba  # noqa: E402  (also applies FM3_EXTRA_SITE)
 
+IMPLS = ("fm3", "flex_flash", "flex_triton")
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--impl", choices=["fm3", "flex_flash", "flex_triton"], default="fm3")
+    ap.add_argument("--impl", choices=IMPLS, default="fm3")
     ap.add_argument("--bwd", action="store_true", help="profile the backward (else the forward)")
     ap.add_argument("--family", default="full", choices=sorted(ba.masks.FAMILIES))
     ap.add_argument("--seqlen", type=int, default=8192)
@@ -34,9 +37,8 @@ def main():
     ap.add_argument("--kernel-times", action="store_true",
                     help="after the calls, time --calls more under torch.profiler: every kernel's GPU time per call")
     args = ap.parse_args()
-    impls = ("fm3", "flex_flash", "flex_triton")
-    if args.compare and not set(args.compare.split(",")) <= set(impls):
-        ap.error(f"--compare: a comma-separated list of {', '.join(impls)}, got {args.compare!r}")
+    if args.compare and not set(args.compare.split(",")) <= set(IMPLS):
+        ap.error(f"--compare: a comma-separated list of {', '.join(IMPLS)}, got {args.compare!r}")
     import torch
     ba.torch = torch
     s, b, d = args.seqlen, args.batch, args.head_dim
