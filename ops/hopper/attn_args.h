@@ -30,6 +30,7 @@ struct FwdArgs : AttnArgs {
   // from which CTAs take their next tile.
   int num_tiles;
   int* tile_counter;
+  bool o_staged;  // WGMMA kernel: O goes out through shared memory and TMA (fwd/epilogue.cuh)
 };
 
 namespace bwd {

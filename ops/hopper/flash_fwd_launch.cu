@@ -81,13 +81,18 @@ int launch_wgmma(const FwdArgs& args, cudaStream_t stream, char* err, size_t err
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   FwdArgs a = args;
+  // O staged through shared memory and stored with TMA where the map describes out (a box of one
+  // consumer warpgroup's 64 rows), else written directly.
+  CUtensorMap mo{};
+  a.o_staged = Tr::kStagedO && make_tma_map<T>(&mo, args.out, args.head_dim_v, args.seqlen_q, args.num_heads,
+                                               args.batch, args.o_rs, args.o_hs, args.o_bs, 64);
   const int64_t tiles = static_cast<int64_t>((args.seqlen_q + BM - 1) / BM) * args.num_heads * args.batch;
   if (tiles > INT32_MAX / 2) return fail(err, err_len, "too many query tiles (%lld)", static_cast<long long>(tiles));
   a.num_tiles = static_cast<int>(tiles);
   int grid = 0;
   if (persistent_grid(a.num_tiles, err, err_len, &grid) != 0) return 1;
   FM3_CUDA_CHECK(cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream));
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a, mq, mk, mv);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a, mq, mk, mv, mo);
   FM3_CUDA_CHECK(cudaGetLastError());
   return 0;
 }

@@ -35,7 +35,8 @@ namespace fm3::hopper::sm90 {
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
 __global__ void __launch_bounds__(FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>::kThreads, 1)
     flash_fwd_wgmma_kernel(const __grid_constant__ FwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
-                           const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
+                           const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
+                           const __grid_constant__ CUtensorMap tmap_o) {
   using Tr = FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const FwdSmem<Tr> sm(smem_raw);
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM
     return;
   }
   reg_alloc<Tr::kConsumerRegs>();
-  fwd_consumer<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>(a, sm, sched, wg, warp, lane);
+  fwd_consumer<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>(a, sm, sched, &tmap_o, wg, warp, lane);
 }
 
 }  // namespace fm3::hopper::sm90

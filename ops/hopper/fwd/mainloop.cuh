@@ -38,7 +38,8 @@ namespace fm3::hopper::sm90 {
 // optimizes a function before inlining it, emits different machine code.
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages, bool kOverlap>
 __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>>& sm,
-                                             const FwdTileScheduler<kBlockM>& sched, int wg, int warp, int lane) {
+                                             const FwdTileScheduler<kBlockM>& sched, const CUtensorMap* tmap_o, int wg,
+                                             int warp, int lane) {
   using Tr = FwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages, kOverlap>;
   const int cw = wg - 1;               // consumer warpgroup: rows [cw * 64, cw * 64 + 64) of the tile
   const int wq = warp % 4;             // warp within the warpgroup: 16 rows
@@ -245,6 +246,13 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<Fwd
         fence_regs(p);
         mbar_arrive(sm.bar_v_empty + 8 * vring.stage);
         vring.advance();
+      }
+    }
+    if constexpr (Tr::kStagedO) {
+      if (a.o_staged) {  // hands the Q buffer back itself, once O has left it
+        fwd_epilogue_staged<T, kHeadDimV, kBlockM>(a, x, o, row_max, row_sum, row_base, t, sm.sQ + qoff, tmap_o,
+                                                   sm.bar_q_empty + 8 * qb, cw, wq, lane);
+        continue;
       }
     }
     mbar_arrive(sm.bar_q_empty + 8 * qb);  // every GEMM reading this Q buffer has completed

@@ -50,6 +50,9 @@ struct FwdWgmmaTraits {
   // Q double-buffered (the next tile's Q loads during this tile) where shared memory allows; at head
   // dim 256 a second 64 KB buffer does not fit beside the K/V ring, so Q loads between tiles.
   static constexpr int kQBuffers = 2 * kQBytes + kStages * (kKBytes + kVBytes) + 8192 <= 227 * 1024 ? 2 : 1;
+  // O is staged in the finished tile's Q buffer for its TMA store where the next tile's Q has the
+  // other one (fwd/epilogue.cuh).
+  static constexpr bool kStagedO = kQBuffers == 2 && kDimV <= kDimQK;
   static constexpr int kOffK = kOffQ + kQBuffers * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kMaskWords = kBlockM / 32;               // visibility words per key column
