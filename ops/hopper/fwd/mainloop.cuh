@@ -74,8 +74,10 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<Fwd
   // Mask (partial blocks only), online-softmax update of row_max (log2 units) / row_sum; S becomes
   // P (unnormalized, fp32), the scale into log2 units folded into the exponent's FFMA (the scale is
   // > 0, so the raw maximum scales to the scaled one); returns the two rows' rescale factors for O.
-  auto softmax = [&](float (&s)[kS], int entry, int stage, float (&alpha)[2]) {
-    if (BlockEntry::partial(entry)) {
+  // may_be_partial (a constant where the lambda is inlined): false for a block known to be
+  // unmasked, true for one that may be partial (then its entry decides).
+  auto softmax = [&](float (&s)[kS], int entry, int stage, float (&alpha)[2], bool may_be_partial) {
+    if (may_be_partial && BlockEntry::partial(entry)) {
       // This thread's rows row_base and row_base + 8 lie in one 32-row word of each column.
       const uint32_t* bits = sm.mask + stage * Tr::kMaskStageInts + row_base / 32;
       const int shift = row_base % 32;
@@ -164,7 +166,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<Fwd
         gmma_wait<0>();
         fence_regs(s);
         float alpha[2];
-        softmax(s, entry, stage, alpha);
+        softmax(s, entry, stage, alpha, true);
         rescale_o(alpha);
         uint32_t p[kBlockN / 16][4];
         pack_p(s, p);
@@ -201,13 +203,15 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<Fwd
         issue_qk(s, ring.stage);
         gmma_wait<0>();
         fence_regs(s);
-        softmax(s, entry, ring.stage, alpha);
+        softmax(s, entry, ring.stage, alpha, true);
         mbar_arrive(sm.bar_empty + 8 * ring.stage);  // K and the visibility bits of this block are read
         ring.advance();
         bool more = next_block(entry);
         pack_p(s, p);  // O is still 0: no rescale
         alpha[0] = alpha[1] = 1.f;
-        while (more) {
+        // One block of the loop; two copies of it, so that an unmasked block runs without the
+        // per-element mask code in its path.
+        auto step = [&](bool may_be_partial) {
           fence_regs(p);
           gmma_fence();
           issue_qk(s, ring.stage);
@@ -220,7 +224,7 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<Fwd
           issue_pv(p, vring.stage);
           gmma_wait<1>();  // S_i done, P_{i-1} V_{i-1} may still run
           fence_regs(s);
-          softmax(s, entry, ring.stage, alpha);
+          softmax(s, entry, ring.stage, alpha, may_be_partial);
           fence_regs(s);
           mbar_arrive(sm.bar_empty + 8 * ring.stage);
           ring.advance();
@@ -233,6 +237,12 @@ __device__ __forceinline__ void fwd_consumer(const FwdArgs& a, const FwdSmem<Fwd
           mbar_arrive(sm.bar_v_empty + 8 * vring.stage);
           vring.advance();
           pack_p(s, p);
+        };
+        while (more) {
+          if (BlockEntry::partial(entry))
+            step(true);
+          else
+            step(false);
         }
         // The tile's last block.
         rescale_o(alpha);
