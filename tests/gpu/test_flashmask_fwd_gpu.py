@@ -168,6 +168,30 @@ def test_host_mask_and_strided_qkv():
     assert err < 1e-2
 
 
+# out with strides of its own (head dims 64-192: the staged epilogue, shared memory + TMA store;
+# 256: the direct one), poisoned.
+@pytest.mark.parametrize("d", [(128, 128), (64, 64), (192, 128), (256, 256)], ids=dims_id)
+@pytest.mark.parametrize("layout", ["every_other_head", "wide_rows"])
+def test_out_layouts(d, layout):
+    from paddle_fm3 import kernels, reference
+    s, h, hk = 300, 4, 2
+    sri, causal = family_mask("causal_document", s, 21)
+    q, k, v = make_qkv(1, s, s, h, hk, d, torch.bfloat16, 22)
+    dv = v.shape[3]
+    if layout == "every_other_head":  # o_hs = 2 dv, o_rs = 2 h dv
+        out = torch.full((1, s, 2 * h, dv), float("nan"), device="cuda", dtype=q.dtype)[:, :, ::2]
+    else:  # o_hs = dv + 64
+        out = torch.full((1, s, h, dv + 64), float("nan"), device="cuda", dtype=q.dtype)[..., :dv]
+    lse = torch.full((1, h, s), float("nan"), device="cuda")
+    kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
+    torch.cuda.synchronize()
+    ro, _ = reference.attention_forward(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                                        sri, causal=causal)
+    got = out.float().cpu().numpy()
+    assert not np.isnan(got).any()
+    assert np.linalg.norm(got - ro) / np.linalg.norm(ro) < 1e-2
+
+
 def test_bad_arguments():
     from paddle_fm3 import kernels
     q, k, v = make_qkv(1, 64, 64, 2, 2, 64, torch.bfloat16, 0)
