@@ -179,9 +179,11 @@ def test_out_layouts(d, layout):
     q, k, v = make_qkv(1, s, s, h, hk, d, torch.bfloat16, 22)
     dv = v.shape[3]
     if layout == "every_other_head":  # o_hs = 2 dv, o_rs = 2 h dv
-        out = torch.full((1, s, 2 * h, dv), float("nan"), device="cuda", dtype=q.dtype)[:, :, ::2]
+        buf = torch.full((1, s, 2 * h, dv), float("nan"), device="cuda", dtype=q.dtype)
+        out, untouched = buf[:, :, ::2], buf[:, :, 1::2]
     else:  # o_hs = dv + 64
-        out = torch.full((1, s, h, dv + 64), float("nan"), device="cuda", dtype=q.dtype)[..., :dv]
+        buf = torch.full((1, s, h, dv + 64), float("nan"), device="cuda", dtype=q.dtype)
+        out, untouched = buf[..., :dv], buf[..., dv:]
     lse = torch.full((1, h, s), float("nan"), device="cuda")
     kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
     torch.cuda.synchronize()
@@ -190,6 +192,7 @@ def test_out_layouts(d, layout):
     got = out.float().cpu().numpy()
     assert not np.isnan(got).any()
     assert np.linalg.norm(got - ro) / np.linalg.norm(ro) < 1e-2
+    assert torch.isnan(untouched).all()  # nothing written outside out
 
 
 def test_bad_arguments():
