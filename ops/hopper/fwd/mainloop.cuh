@@ -8,9 +8,10 @@
 //   O += P_{i-1} V_{i-1}, and the mask and softmax of S_i run while that product is in flight. K,
 //   the entry and the visibility bits of a block are handed back (K ring "empty") after its
 //   softmax; V after its product (V ring "v_empty"), which completes a block later -- hence the
-//   two rings.
-// At the tile boundary the consumers hand the Q buffer back (q_empty) and write the tile
-// (fwd/epilogue.cuh) while the producer loads the next one.
+//   two rings. The loop holds the block twice, one copy for unmasked blocks, so that their path
+//   has no jump over the per-element mask code.
+// At the tile boundary the consumers write the tile (fwd/epilogue.cuh) and hand the Q buffer back
+// (q_empty; with one Q buffer before the epilogue, so that the next Q loads meanwhile).
 //
 // Measured (H200, BENCHMARKS.md): the overlap gains up to 5% at D=256 and D=128 and loses 4-5% at
 // D=64 on full / causal, where a block's products are short. An earlier pipelined loop ran at 306
