@@ -29,7 +29,8 @@ Each call is timed alone (events around it, synchronized after it; median of --r
 --back-to-back times --rep calls launched without synchronizing (mean: the host's per-call work then
 overlaps the GPU's); --clocks also runs each implementation back to back for 2 s and adds its SM
 clock and board power there (nvidia-smi, second half) and its TFLOP/s over those 2 s to the row as
-<name>_sm_mhz / <name>_power_w / <name>_sustained. --rounds N times each row's implementations N times
+<name>_sm_mhz / <name>_power_w / <name>_sustained, and after each row the plain bf16 GEMM's (gemm_*: the
+board's reference under its power limit). --rounds N times each row's implementations N times
 in alternating order and reports the medians, each round's value under <name>_rounds (for rows whose
 ratio is within a run's spread of a target).
 
@@ -135,6 +136,19 @@ def sustained_clocks(fn, seconds=2.0):
         return None
     mhz, watts = np.mean(steady, axis=0)
     return float(mhz), float(watts), (end - start) / n
+
+
+def gemm_sustained(n=16384):
+    """The plain bf16 GEMM (torch.matmul, n x n x n) back to back for 2 s as sustained_clocks runs an
+    attention call: gemm_sustained (TFLOP/s over those 2 s), gemm_sm_mhz, gemm_power_w."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    torch.matmul(a, b)  # cuBLAS set-up outside the call sustained_clocks sizes its run by
+    torch.cuda.synchronize()
+    clocks = sustained_clocks(lambda: torch.matmul(a, b))
+    if clocks is None:
+        return {}
+    mhz, watts, t = clocks
+    return {"gemm_sustained": round(2 * n**3 / t / 1e12, 1), "gemm_sm_mhz": round(mhz, 1), "gemm_power_w": round(watts, 1)}
 
 
 def bench(fn, warmup=2, rep=8):
@@ -289,7 +303,7 @@ def main():
                     help="time each family once per seed, its parameters drawn from the seed (see the module doc)")
     ap.add_argument("--clocks", action="store_true",
                     help="also run each implementation back to back for 2 s: its SM clock and power there (nvidia-smi) "
-                         "and its TFLOP/s over those 2 s")
+                         "and its TFLOP/s over those 2 s; and the plain bf16 GEMM after each row (gemm_*)")
     args = ap.parse_args()
     if args.rounds < 1 or args.rep < 1:
         ap.error("--rounds and --rep must be at least 1")
@@ -424,6 +438,8 @@ def main_fwd(args):
             ts = kernel_seconds(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn),
                                 "block_summary_kernel")
             row["summary_pct"] = 100.0 * ts / (flops / row["fm3"] / 1e12)
+            if args.clocks:
+                row.update(gemm_sustained())
             emit(rows, row, args.out)
         del q, k, v, out, qt, kt, vt
         torch.cuda.empty_cache()
@@ -480,6 +496,8 @@ def main_bwd(args):
                 **{"flex_" + fb: (lambda fb=fb: flex_bwd(fb)) if fb in flex else None for fb in ("flash", "triton")},
                 "cudnn": cudnn_bwd if fam in ("full", "causal") else None,
             }, args.rounds)
+            if args.clocks:
+                row.update(gemm_sustained())
             emit(rows, row, args.out)
         del q, k, v, do, out, dq, dk, dv, qt, kt, vt, dot, qg, kg, vg
         torch.cuda.empty_cache()

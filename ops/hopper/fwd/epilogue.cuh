@@ -39,7 +39,7 @@ __device__ __forceinline__ void fwd_epilogue_rows(const FwdArgs& a, const FwdTil
   }
 }
 
-template <typename T_, int kHeadDimV>
+template <typename T_>
 struct PutGlobal {  // direct: row-major out
   using T = T_;
   T* dst;  // this thread's first element (row row_base, column 2t)
@@ -65,7 +65,7 @@ __device__ __forceinline__ void fwd_epilogue(const FwdArgs& a, const FwdTile& x,
                                              const float (&row_max)[2], const float (&row_sum)[2], int row_base,
                                              int t) {
   T* og = static_cast<T*>(a.out) + x.b * a.o_bs + x.h * a.o_hs;
-  const PutGlobal<T, kHeadDimV> put{og + static_cast<int64_t>(x.m0 + row_base) * a.o_rs + 2 * t, a.o_rs};
+  const PutGlobal<T> put{og + static_cast<int64_t>(x.m0 + row_base) * a.o_rs + 2 * t, a.o_rs};
   fwd_epilogue_rows<kHeadDimV>(a, x, o, row_max, row_sum, row_base, t, false, put);
 }
 
