@@ -74,6 +74,13 @@ def bars(ax, labels, series: dict, ylabel: str, title: str) -> None:
     ax.grid(axis="y", alpha=0.3)
 
 
+def save(fig, out: pathlib.Path, dpi: int) -> None:
+    """The figure as a 256-colour PNG (a third of matplotlib's RGBA file: these plots have few colours)."""
+    from PIL import Image  # matplotlib's own dependency
+    fig.savefig(out, dpi=dpi)
+    Image.open(out).convert("RGB").quantize(colors=256).save(out, optimize=True)
+
+
 def plot_gpu(tables, out: pathlib.Path, direction: str, required: set[str], ours: str, flex: str,
              cudnn: str) -> bool:
     rows = find_rows(tables, required, D="128", S="32768")
@@ -86,7 +93,7 @@ def plot_gpu(tables, out: pathlib.Path, direction: str, required: set[str], ours
     fig, ax = plt.subplots(figsize=(11, 4.5))
     bars(ax, fams, series, "TFLOP/s (visible pairs only)", f"H200 bf16 {direction}, head_dim 128, S = 32K")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save(fig, out, dpi=110)
     plt.close(fig)
     return True
 
@@ -109,7 +116,7 @@ def plot_cp(tables, out: pathlib.Path) -> bool:
     bars(ax, fams, series, "speedup over zigzag ring (x)", "Simulated CP step time: this design vs zigzag ring")
     ax.axhline(1.0, color="k", lw=0.8)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save(fig, out, dpi=110)
     plt.close(fig)
     return True
 
@@ -141,7 +148,7 @@ def plot_peers(bench: pathlib.Path, out: pathlib.Path) -> bool:
                      f"{f' (v {dv})' if dv != d else ''}, S = {s}",
                      fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    save(fig, out, dpi=100)
     plt.close(fig)
     return True
 
