@@ -24,6 +24,11 @@
 
 namespace fm3::hopper::sm90 {
 
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 128-byte-swizzled sub-tile (above).
+__host__ __device__ __forceinline__ constexpr int swizzle128(int row, int chunk) {
+  return row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+
 // ---- mbarriers ------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");

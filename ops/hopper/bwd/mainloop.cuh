@@ -163,7 +163,7 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
 #pragma unroll
       for (int ps = 0; ps < kKs; ++ps) {
         const int chunk = (2 * ps + lane / 16) % 8, sub = ps / 4;
-        stmatrix_x4(ds_buf + sub * kBlockN * 128 + ds_row * 128 + ((chunk ^ (ds_row & 7)) << 4), pds[ps]);
+        stmatrix_x4(ds_buf + sub * kBlockN * 128 + swizzle128(ds_row, chunk), pds[ps]);
       }
     } else {
       // pds[ps][e]: key row key_local + 8 * (e % 2), queries 8 * (2 * ps + e / 2) + 2t, +1.
@@ -173,7 +173,7 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int row = key_local + 8 * (e % 2), chunk = (2 * ps + e / 2) % 8, sub = ps / 4;
-          *reinterpret_cast<uint32_t*>(dst + sub * kBlockN * 128 + row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t) =
+          *reinterpret_cast<uint32_t*>(dst + sub * kBlockN * 128 + swizzle128(row, chunk) + 4 * t) =
               pds[ps][e];
         }
     }

@@ -120,7 +120,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = key_local + 8 * r, chunk = cw * (kQw / 8) + j;
-        const int off = row * 128 + ((chunk ^ (row & 7)) << 4) + 4 * t;
+        const int off = swizzle128(row, chunk) + 4 * t;
         *reinterpret_cast<uint32_t*>(ds_dst + off) = Mma<T>::pack(dp[j * 4 + 2 * r], dp[j * 4 + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(ds_dst + kPtOff + off) = Mma<T>::pack(s[j * 4 + 2 * r], s[j * 4 + 2 * r + 1]);
       }
