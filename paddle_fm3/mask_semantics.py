@@ -9,13 +9,14 @@ Imports nothing but numpy at module level (the GPU test machine has no Paddle);
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from ._checks import MAX_SEQLEN, causal_offset, check_bool, check_int, check_mask_cols
 
-__all__ = ["FlashMask", "validate_startend_row_indices", "column_bounds", "to_dense", "from_dense", "density"]
+__all__ = ["FlashMask", "validate_startend_row_indices", "column_bounds", "to_dense", "from_dense", "density",
+           "document_lengths"]
 
 
 class FlashMask(NamedTuple):
@@ -283,3 +284,38 @@ def density(startend_row_indices, causal: bool, seqlen_q: Optional[int] = None) 
     overlap = np.maximum(0, np.minimum(lte, ute) - np.maximum(lts, uts))
     masked = np.maximum(0, lte - lts) + np.maximum(0, ute - uts) - overlap
     return float((sq - masked).sum(dtype=np.int64)) / float(b * h * sq * sk)
+
+
+def document_lengths(startend_row_indices, causal: bool) -> Optional[List[List[int]]]:
+    """The packed documents of a block-diagonal mask, in O(B * H_mask * S): per batch row, the lengths
+    of its documents in order, or None where the mask is not block-diagonal (documents, causal or
+    not, covering every key; the same on every mask head; S_q = S_k). A mask with one document is
+    full or causal attention. This is what a FlashAttention user passes to a varlen call as
+    ``cu_seqlens``.
+
+    Args: as :func:`to_dense` (``seqlen_q`` is the keys' length).
+
+    Raises:
+        see :func:`validate_startend_row_indices`.
+    """
+    bounds = column_bounds(startend_row_indices, causal)
+    b, h, sk, _ = bounds.shape
+    if b * h * sk == 0 or (bounds != bounds[:, :1]).any():
+        return None
+    lts, lte, uts, ute = (bounds[:, 0, :, k] for k in range(4))
+    if (lte != sk).any() or (uts != 0).any():
+        return None
+    keys = np.arange(sk)
+    out = []
+    for row in range(b):
+        end = lts[row]  # a document [start, end): its keys' masked lower interval starts at its end
+        starts = np.flatnonzero(np.concatenate([[True], end[1:] != end[:-1]]))
+        run_end = np.append(starts[1:], sk)
+        start_of_key = np.repeat(starts, np.diff(np.append(starts, sk)))
+        if (end[starts] != run_end).any():
+            return None
+        # above the diagonal: rows before the document (non-causal) or before the key (causal)
+        if (ute[row] != (keys if causal else start_of_key)).any():
+            return None
+        out.append(np.diff(np.append(starts, sk)).tolist())
+    return out

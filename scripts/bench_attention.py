@@ -10,10 +10,15 @@ head dim 192 and v 128, MLA's), times in one run
     kernels; needs flash-attn-4, see ../shared/tools/fa4_anchor.sh, and FM3_EXTRA_SITE=/tmp/site) and
     "triton" (FlexAttention's default); create_block_mask time is not in the attention time,
   - cuDNN SDPA on the full and causal families,
+  - FlashAttention-4's own call where the mask has one ("fa4"; needs flash-attn-4 as for "flash"):
+    flash_attn_func on full, causal and causal sliding-window masks (window_size=(w, 0)),
+    flash_attn_varlen_func with cu_seqlens on packed documents (document, causal_document: the
+    documents read off the mask by paddle_fm3.mask_semantics.document_lengths); the row's fa4_call
+    says which, and fa4_maxdiff how far its output is from ours (the same mask, or the peer is wrong),
 and the block-summary kernel alone (summary_pct: its GPU time from torch.profiler, in percent of
 fm3's forward time). TFLOP/s count only visible pairs: 4 * B * H * D * pairs / t.
 Each row carries family, head_dim, seqlen, batch, heads and the TFLOP/s of fm3, flex_flash,
-flex_triton and cudnn (null where a backend cannot run, with the reason under <backend>_error);
+flex_triton, cudnn and fa4 (null where a backend cannot run, with the reason under <backend>_error);
 head_dim_v where it differs from head_dim. TFLOP/s with a value head dim D_v: 2 * B * H * (D + D_v) *
 pairs / t.
 
@@ -56,6 +61,7 @@ if os.environ.get("FM3_EXTRA_SITE"):  # flash-attn-4 / CuTe DSL installed by fa4
     site.addsitedir(os.environ["FM3_EXTRA_SITE"])
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from paddle_fm3 import kernels, masks  # noqa: E402
+from paddle_fm3.mask_semantics import column_bounds, document_lengths  # noqa: E402
 
 torch = None  # imported by main() after argument parsing, so --help works where torch is absent
 TOTAL = 128 * 1024
@@ -281,6 +287,61 @@ def flex_call(fb, call, bmask, flex_mask, row):
         return call(flex_mask.block_mask(kv_block=int(m.group(1))))
 
 
+def causal_window(sri_np, causal):
+    """w where the mask is causal sliding-window attention (query i sees keys [i - w, i]) on every
+    batch row and head, else None."""
+    if not causal:
+        return None
+    bounds = column_bounds(sri_np, True)
+    sk = bounds.shape[2]
+    keys = np.arange(sk)
+    lts, lte = bounds[..., 0], bounds[..., 1]
+    w = int(lts.flat[0]) - 1
+    if w < 0 or (lte != sk).any() or (lts != np.minimum(keys + w + 1, sk)).any():
+        return None
+    return w
+
+
+def fa4_peer(sri_np, causal, b, s):
+    """(name, fn(q, k, v) -> out) of the FlashAttention-4 call a user would make for this mask (q, k,
+    v [B, S, H, D]), or None where FlashAttention-4 has none (FLASH-through-Flex is then the peer)."""
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    first = lambda r: r[0] if isinstance(r, tuple) else r  # noqa: E731  (out, lse)
+    docs = document_lengths(sri_np, causal)
+    if docs is not None and max(len(r) for r in docs) > 1:
+        cu = torch.tensor(np.concatenate([[0], np.cumsum([n for r in docs for n in r])]), dtype=torch.int32,
+                          device="cuda")
+        longest = max(n for r in docs for n in r)
+
+        def varlen(q, k, v):
+            flat = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
+            o = first(flash_attn_varlen_func(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+                                             max_seqlen_k=longest, causal=causal))
+            return o.view(b, s, *o.shape[1:])
+        return "flash_attn_varlen_func", varlen
+    if docs is not None:
+        return "flash_attn_func", lambda q, k, v: first(flash_attn_func(q, k, v, causal=causal))
+    w = causal_window(sri_np, causal)
+    if w is not None:
+        return "flash_attn_func(window_size)", lambda q, k, v: first(flash_attn_func(q, k, v, window_size=(w, 0)))
+    return None
+
+
+def with_fa4(row, sri_np, causal, b, s, use):
+    """fa4_peer for the row, recording its call (fa4_call) or why it has none (fa4_error); None if
+    not used (--no-fa4) or not applicable."""
+    if not use:
+        return None
+    try:
+        peer = fa4_peer(sri_np, causal, b, s)
+    except ImportError as e:
+        row["fa4_error"] = repr(e)[:300]
+        return None
+    if peer is not None:
+        row["fa4_call"] = peer[0]
+    return peer
+
+
 def main():
     ap = argparse.ArgumentParser(description="Hopper attention benchmark vs FlexAttention and cuDNN SDPA "
                                  "(needs torch with CUDA and a Hopper GPU; see the module doc).")
@@ -290,6 +351,7 @@ def main():
     ap.add_argument("--families", default=",".join(masks.FAMILIES), help="comma-separated mask families")
     ap.add_argument("--flex-backends", default="flash,triton",
                     help="comma-separated FlexAttention backends to time (flash, triton), or none")
+    ap.add_argument("--no-fa4", action="store_true", help="leave out FlashAttention-4's own calls (fa4)")
     ap.add_argument("--out", default=None, help="write the result rows as JSON here")
     ap.add_argument("--bwd", action="store_true", help="benchmark the backward (see the module doc)")
     ap.add_argument("--total-tokens", type=int, default=TOTAL, help="batch = total / S")
@@ -388,15 +450,16 @@ def emit(rows, row, out):
 
 
 def print_table(rows, extra=()):
-    cols = ["fm3", "flex_flash", "flex_triton", "cudnn", *extra]
-    print("\n| D | S | family | density | " + " | ".join(cols) + " | fm3/flex_flash | fm3/flex_triton | fm3/cudnn |")
-    print("|---|---|---|---|" + "---|" * (len(cols) + 3))
+    cols = ["fm3", "fa4", "flex_flash", "flex_triton", "cudnn", *extra]
+    peers = ("fa4", "flex_flash", "flex_triton", "cudnn")
+    print("\n| D | S | family | density | " + " | ".join(cols) + " | " + " | ".join(f"fm3/{p}" for p in peers) + " |")
+    print("|---|---|---|---|" + "---|" * (len(cols) + len(peers)))
     for r in rows:
         dims = f"{r['head_dim']}" + (f"/{r['head_dim_v']}" if "head_dim_v" in r else "")
         f = lambda key: "-" if r.get(key) is None else f"{r[key]:.0f}"  # noqa: E731
         ratio = lambda key: "-" if not r.get(key) else f"{r['fm3'] / r[key]:.2f}"  # noqa: E731
         print(f"| {dims} | {r['seqlen']} | {r['family']} | {r['density']:.3f} | "
-              + " | ".join(f(c) for c in cols) + f" | {ratio('flex_flash')} | {ratio('flex_triton')} | {ratio('cudnn')} |")
+              + " | ".join(f(c) for c in cols) + " | " + " | ".join(ratio(p) for p in peers) + " |")
 
 
 def main_fwd(args):
@@ -425,14 +488,19 @@ def main_fwd(args):
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     return flops / bench(lambda: torch.nn.functional.scaled_dot_product_attention(
                         qt, kt, vt, is_causal=causal), rep=args.rep) / 1e12
+            fa4 = with_fa4(row, sri_np, causal, b, s, not args.no_fa4)
             measure(row, {
                 "fm3": lambda: flops / bench(lambda: kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal),
                                              rep=args.rep) / 1e12,
+                "fa4": (lambda: flops / bench(lambda: fa4[1](q, k, v), rep=args.rep) / 1e12) if fa4 else None,
                 **{"flex_" + fb: (lambda fb=fb: flex_call(fb, lambda bm: flops / bench(
                     lambda: flex[fb](qt, kt, vt, bm), rep=args.rep) / 1e12, bmask, flex_mask, row))
                    if fb in flex else None for fb in ("flash", "triton")},
                 "cudnn": cudnn if fam in ("full", "causal") else None,
             }, args.rounds)
+            if row.get("fa4"):
+                kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
+                row["fa4_maxdiff"] = float((fa4[1](q, k, v).float() - out.float()).abs().max())
             bn = kernels.block_n(d, dv)
             summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
             ts = kernel_seconds(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn),
@@ -462,6 +530,7 @@ def main_bwd(args):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         qt, kt, vt, dot = (x.transpose(1, 2) for x in (q, k, v, do))
         qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qt, kt, vt))
+        q4, k4, v4 = (x.detach().clone().requires_grad_(True) for x in (q, k, v))  # FlashAttention-4's [B, S, H, D]
         flex_mask = FlexMask(b, s)
         for fam, seed in instances(args):
             sri_np, causal, pairs = family_mask(fam, s, b, seed)
@@ -490,16 +559,27 @@ def main_bwd(args):
                     t = bench(lambda: torch.autograd.grad(o, (qg, kg, vg), dot, retain_graph=True),
                               warmup=1, rep=rep)
                 return bwd_flops / t / 1e12
+            fa4 = with_fa4(row, sri_np, causal, b, s, not args.no_fa4)
+
+            def fa4_bwd():
+                o = fa4[1](q4, k4, v4)
+                t = bench(lambda: torch.autograd.grad(o, (q4, k4, v4), do, retain_graph=True), warmup=1, rep=rep)
+                return bwd_flops / t / 1e12
             measure(row, {
                 "fm3": lambda: bwd_flops / bench(fm3_bwd, warmup=1, rep=rep) / 1e12,
+                "fa4": fa4_bwd if fa4 else None,
                 "fm3_det": lambda: bwd_flops / bench(lambda: fm3_bwd(True), warmup=1, rep=rep) / 1e12,
                 **{"flex_" + fb: (lambda fb=fb: flex_bwd(fb)) if fb in flex else None for fb in ("flash", "triton")},
                 "cudnn": cudnn_bwd if fam in ("full", "causal") else None,
             }, args.rounds)
+            if row.get("fa4"):  # the peer computes the same gradients, or it is the wrong peer
+                fm3_bwd()
+                grads = torch.autograd.grad(fa4[1](q4, k4, v4), (q4, k4, v4), do)
+                row["fa4_maxdiff"] = max(float((g.float() - r.float()).abs().max()) for g, r in zip(grads, (dq, dk, dv)))
             if args.clocks:
                 row.update(gemm_sustained())
             emit(rows, row, args.out)
-        del q, k, v, do, out, dq, dk, dv, qt, kt, vt, dot, qg, kg, vg
+        del q, k, v, do, out, dq, dk, dv, qt, kt, vt, dot, qg, kg, vg, q4, k4, v4
         torch.cuda.empty_cache()
     print_table(rows, extra=("fm3_det",))
 

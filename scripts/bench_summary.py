@@ -3,9 +3,10 @@
 scripts/bench_attention.py runs (JSON files from --out; typically --random-params seeds), so that a
 claim holds on every drawn instance and not only on one.
 
-    python3 scripts/bench_summary.py fwd_rows.json [more.json ...] [--peers flex_flash,cudnn]
+    python3 scripts/bench_summary.py fwd_rows.json [more.json ...] [--peers fastest,fa4]
 
-Prints one line per group and peer: the worst (smallest) ours / peer TFLOP/s, the seed and density of
+Prints one line per group and peer ("fastest": each row's fastest peer, the ratio a claim is made
+against): the worst (smallest) ours / peer TFLOP/s, the seed and density of
 that row, the median ratio and the number of rows. Rows without the peer (null: it could not run) are
 left out of that peer's column.
 """
@@ -15,13 +16,24 @@ import json
 
 import numpy as np
 
-PEERS = ("flex_flash", "flex_triton", "cudnn")
+PEERS = ("fastest", "fa4", "flex_flash", "flex_triton", "cudnn")
+TIMED_PEERS = PEERS[1:]
+
+
+def with_fastest(row):
+    """The row with "fastest": the TFLOP/s of its fastest peer that ran (and "fastest_peer", which)."""
+    ran = {p: row[p] for p in TIMED_PEERS if row.get(p)}
+    if not ran:
+        return row
+    best = max(ran, key=ran.get)
+    return {**row, "fastest": ran[best], "fastest_peer": best}
 
 
 def worst_ratios(rows, peers=PEERS):
-    """{(head_dim, head_dim_v, seqlen, family, peer): dict(worst, seed, density, median, n)}."""
+    """{(head_dim, head_dim_v, seqlen, family, peer): dict(worst, seed, density, median, n)}; the peer
+    "fastest" is each row's fastest peer."""
     groups = collections.defaultdict(list)
-    for r in rows:
+    for r in map(with_fastest, rows):
         for peer in peers:
             if r.get("fm3") and r.get(peer):
                 key = (r["head_dim"], r.get("head_dim_v", r["head_dim"]), r["seqlen"], r["family"], peer)

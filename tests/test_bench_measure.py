@@ -109,7 +109,40 @@ def test_summary_reports_the_worst_seed():
              "params_seed": s, "density": dens} for f, p, s, dens in
             ((500.0, 450.0, 1, 0.2), (480.0, 520.0, 2, 0.3), (510.0, 500.0, 3, 0.25))]
     table = mod.worst_ratios(rows)
-    assert set(table) == {(128, 128, 8192, "document", "flex_flash")}  # cudnn null: no column
-    v = table[(128, 128, 8192, "document", "flex_flash")]
+    key = (128, 128, 8192, "document")
+    assert set(table) == {key + ("flex_flash",), key + ("fastest",)}  # cudnn null: no column
+    v = table[key + ("flex_flash",)]
     assert v["seed"] == 2 and v["density"] == 0.3 and v["n"] == 3
     assert v["worst"] == pytest.approx(480 / 520) and v["median"] == pytest.approx(510 / 500)
+
+
+def test_summary_fastest_is_each_rows_best_peer():
+    spec = importlib.util.spec_from_file_location("bench_summary", SCRIPT.parent / "bench_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [{"family": "causal", "head_dim": 64, "seqlen": 8192, "fm3": 500.0, "fa4": fa4, "flex_flash": flash,
+             "cudnn": cudnn, "params_seed": s, "density": 0.5}
+            for fa4, flash, cudnn, s in ((550.0, 450.0, 400.0, 1), (None, 480.0, 520.0, 2), (540.0, 560.0, None, 3))]
+    v = mod.worst_ratios(rows)[(64, 64, 8192, "causal", "fastest")]
+    assert v["worst"] == pytest.approx(500 / 560) and v["seed"] == 3 and v["n"] == 3
+    assert mod.with_fastest(rows[1])["fastest_peer"] == "cudnn"
+
+
+def test_fa4_window_peer_only_for_causal_sliding_windows():
+    # The sliding-window family maps to FlashAttention-4's window_size=(w, 0); no other family does.
+    import numpy as np
+
+    from paddle_fm3 import masks as M
+    ba = load()
+    for seed in (1, 2, 3):
+        sri, causal, _ = ba.family_mask("sliding_window", 2048, 2, seed=seed)
+        w = ba.causal_window(sri, causal)
+        assert w is not None
+        visible = M.to_dense(sri, causal)
+        i, j = np.meshgrid(np.arange(2048), np.arange(2048), indexing="ij")
+        assert np.array_equal(visible[0, 0], (j <= i) & (j >= i - w))
+    for fam in ("full", "global_sliding_window", "causal_document", "prefix_lm_causal"):
+        sri, causal, _ = ba.family_mask(fam, 2048, 2, seed=1)
+        assert ba.causal_window(sri, causal) is None
+    sri, causal, _ = ba.family_mask("causal", 2048, 2)
+    assert ba.causal_window(sri, causal) == 2047  # the whole past (fa4_peer calls it causal first)

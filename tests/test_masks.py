@@ -739,3 +739,45 @@ BAD_CALLS = [
 def test_bad_arguments(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# ---------------------------------------------------------------------------
+# document_lengths: the documents of a block-diagonal mask (a varlen call's cu_seqlens)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_document_lengths_reads_back_the_documents(causal):
+    from paddle_fm3.mask_semantics import document_lengths
+    rng = np.random.default_rng(5)
+    for _ in range(20):
+        s = int(rng.integers(1, 300))
+        rows = [[int(x) for x in np.diff(np.concatenate([[0], np.sort(rng.choice(np.arange(1, s), size=min(
+            s - 1, int(rng.integers(0, 6))), replace=False)), [s]]))] for _ in range(2)]
+        fm = (M.causal_document if causal else M.document)(rows, s, num_heads=2)
+        assert document_lengths(fm.startend_row_indices, causal) == rows
+        # the same visible pairs as the block-diagonal dense mask
+        dense = np.zeros((s, s), bool)
+        start = 0
+        for n in rows[0]:
+            dense[start:start + n, start:start + n] = True
+            start += n
+        if causal:
+            dense &= np.tril(np.ones((s, s), bool))
+        assert np.array_equal(M.to_dense(fm.startend_row_indices, causal)[0, 0], dense)
+
+
+def test_document_lengths_refuses_other_masks():
+    from paddle_fm3.mask_semantics import document_lengths
+    rng = np.random.default_rng(0)
+    for fam in FAMILY_NAMES:
+        fm = M.FAMILIES[fam](256, rng, batch=2)
+        got = document_lengths(fm.startend_row_indices, fm.causal)
+        if fam in ("full", "causal", "document", "causal_document"):
+            assert got is not None and all(sum(r) == 256 for r in got)
+        else:
+            assert got is None, fam
+    # a padded key (masked for every query) is not a document boundary
+    sri = M.causal_document([100, 156], 256).startend_row_indices.copy()
+    sri[:, :, 10, 0] = 10
+    assert document_lengths(sri, True) is None
