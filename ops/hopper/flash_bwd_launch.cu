@@ -110,8 +110,9 @@ bool env_is(const char* name, const char* value) {  // read per call, so a test 
 }
 
 // TD: the tile head dim (kernel_rules.py; q, k, v, dO are read at their real head dims, zeros past
-// them), D: q's head dim (dQ's columns).
-template <typename T, int TD, int D, int BM, int BN, int ST>
+// them), D: q's head dim (dQ's columns), DV: v's. The kernel's products run at the larger head dim
+// (bwd/traits.cuh), except at tile head dim 256 (the split-D path, padded).
+template <typename T, int TD, int D, int DV, int BM, int BN, int ST>
 int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
   if (env_is("FM3_BWD_KERNEL", "mma_sync")) return -1;
   CUtensorMap mq, mk, mv, mdo;
@@ -119,10 +120,11 @@ int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err
       !make_tma_map<T>(&mdo, args.dout, args.head_dim_v, args.seqlen_q, args.num_heads, args.batch, args.o_rs,
                        args.o_hs, args.o_bs, BM))
     return -1;
-  using Tr = sm90::BwdWgmmaTraits<T, TD, BM, BN, ST>;
+  constexpr int KD = TD == 256 ? 256 : (D > DV ? D : DV);
+  using Tr = sm90::BwdWgmmaTraits<T, KD, BM, BN, ST>;
   // Deterministic mode too writes dQ from this kernel, the parts of a tile added in key-block order
   // (args.dq_semaphore, set by fm3_cuda_bwd).
-  auto kernel = sm90::flash_bwd_wgmma_kernel<T, TD, BM, BN, ST>;
+  auto kernel = sm90::flash_bwd_wgmma_kernel<T, KD, BM, BN, ST>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   using Sched = sm90::BwdTileScheduler<BM, BN>;
@@ -167,7 +169,7 @@ int dispatch(const BwdArgs& args, bool deterministic, const void* out, const flo
     FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
     if (args.dlearnable_sink != nullptr && launch_sink_grad(args, lse, stream, err, err_len) != 0) return 1;    \
     if constexpr (wgmma) {                                                                                      \
-      const int rc = launch_wgmma<T, tile, hd, bm, bn, st>(args, stream, err, err_len);                \
+      const int rc = launch_wgmma<T, tile, hd, hdv, bm, bn, st>(args, stream, err, err_len);           \
       if (rc >= 0) return rc;                                                                                   \
     }                                                                                                           \
     return launch_fallback<T, hd, bn, fallback>(args, deterministic, stream, err, err_len);                     \

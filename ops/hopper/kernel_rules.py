@@ -9,8 +9,10 @@ Head dims. The WGMMA kernels keep Q, K, V, dO in 128-byte-swizzled sub-tiles of 
 dim that is not a multiple of 64 (80, 96) is served by the next multiple of 64, the TMA loads filling
 the columns past it with zeros (exact: they add 0 to every product) and the stores writing only the
 real ones. The forward reduces S = Q K^T over the real head dim only (k16 steps). The backward's tile
-head dim is the smallest it is built for (64, 128, 256) that holds both head dims: its dK / dV
-accumulators either hold a whole key row (64, 128) or split it in halves of whole sub-tiles (256).
+head dim (its shared-memory layout and the dQ accumulator's rows) is the smallest it is built for (64,
+128, 256) that holds both head dims; up to 128 its products run at the larger head dim itself (80 and
+96 reduce and accumulate over 80 and 96 columns), at 256 (192 and 192/128) its dK / dV accumulators
+split the padded row in halves of whole sub-tiles.
 The mma.sync kernels (fallback, and FM3_FWD_KERNEL / FM3_BWD_KERNEL=mma_sync) have no zero fill:
 they serve equal head dims that are multiples of 64.
 """

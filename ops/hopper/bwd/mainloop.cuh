@@ -41,10 +41,9 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
   const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
   const int g = lane / 4, t = lane % 4;
   const int key_local = cw * 64 + wq * 16 + g;  // this thread's keys: key_local and key_local + 8
-  constexpr int kD = kHeadDim / 2;              // dK / dV accumulators per thread (m64 x kHeadDim)
-  float dk[kD], dv[kD];
+  float dk[Tr::kDkRegs], dv[Tr::kDkRegs];  // m64 x kHeadDim each
 #pragma unroll
-  for (int i = 0; i < kD; ++i) dk[i] = dv[i] = 0.f;
+  for (int i = 0; i < Tr::kDkRegs; ++i) dk[i] = dv[i] = 0.f;
   BwdConsumerRing<Tr> ring;
   // Operand descriptors, built once; a tile's operands are these moved by constant byte offsets.
   const SmemDesc dsc_k = smem_desc(sm.sK + cw * 64 * 128, 16, 1024);  // this warpgroup's keys (S^T A operand)
@@ -59,14 +58,27 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
 
   // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys, from dS^T buffer `buf`:
   // A = dS^T [keys][queries] and B = K [keys][head dim], both MN-major (k16 step = 16 key rows).
+  // Split along the head dim at 80 and 96, the second warpgroup's part has only kHeadDim - 64 real
+  // columns: its product takes N = that.
+  constexpr int kDqTailN = Tr::kDqSplitD ? kHeadDim - 64 * (Tr::kDChunks - 1) : 64;
   auto issue_dq = [&](int buf, float (&dq)[32]) {
     const uint32_t key0 = Tr::kDqOwnPart ? 0 : cw * 64 * 128;
     const uint32_t qsub = Tr::kDqSplitM ? cw * kBlockN * 128 : 0;  // this warpgroup's 64 queries
     gmma_fence();
+    if (kDqTailN == 64 || cw + 1 < Tr::kConsumerWGs) {
 #pragma unroll
-    for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
-      gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq,
-                        ks > 0);
+      for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
+        gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq,
+                          ks > 0);
+    } else {
+#pragma unroll
+      for (int i = kDqTailN / 2; i < 32; ++i) dq[i] = 0.f;  // columns past the head dim: the writer adds 0
+      float(&tail)[kDqTailN / 2] = *reinterpret_cast<float(*)[kDqTailN / 2]>(dq);
+#pragma unroll
+      for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
+        gmma_ss_mn<T, kDqTailN>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048),
+                                tail, ks > 0);
+    }
     gmma_commit();
   };
   // This warpgroup's 64 x 64 part of the dQ tile at workspace offset `off` to shared memory in
@@ -197,7 +209,7 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     gmma_commit();
     gmma_wait<1>();  // dQ done; dK runs while dQ is stored
     fence_regs(dq);
-    write_dq(dq, (ring.head_off + m0) * kHeadDim);
+    write_dq(dq, (ring.head_off + m0) * Tr::kTileDim);
     gmma_wait<0>();
     fence_regs(dk);
     fence_regs(dv);

@@ -14,6 +14,15 @@ template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 struct BwdWgmmaTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
+  // kHeadDim: the width of the products (the larger of the two head dims; 256 for the split-D path,
+  // which serves 192 and 192/128 padded). Shared memory holds Q, K, V, dO in 128-byte-swizzled
+  // sub-tiles of 64 columns, kTileDim wide (ops/hopper/kernel_rules.py, the dQ accumulator's rows
+  // too): the TMA loads fill the columns past the head dims with zeros, S^T / dP^T reduce over
+  // kHeadDim only and dV, dK take N = kHeadDim (a WGMMA may end inside a swizzle atom, as the
+  // forward's P V does).
+  static constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
+  static_assert(kHeadDim % 16 == 0 && (kHeadDim <= 128 || kHeadDim == 256),
+                "WGMMA backward: head dims that are multiples of 16 up to 128, or the split-D 256");
   // Head dim 256 (kSplitD): 64 x 64 tiles and two warpgroups that share the 64 keys and split the
   // head dim (bwd/mainloop_split_d.cuh): a warpgroup's dK and dV over all 256 columns would take 256
   // registers per thread. Otherwise 64 keys per consumer warpgroup (bwd/mainloop.cuh).
@@ -32,16 +41,13 @@ struct BwdWgmmaTraits {
   __host__ __device__ static constexpr int dq_writers(bool deterministic) { return deterministic ? kDetWriters : 1; }
   static constexpr int kConsumerWGs = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
-  static constexpr int kDChunks = kHeadDim / 64;     // 128-byte swizzle sub-tiles along the head dim
+  static constexpr int kDChunks = kTileDim / 64;     // 128-byte swizzle sub-tiles along the head dim
   // FlashAttention-3/4 budgets (measured: BENCHMARKS.md, Hopper backward).
   static constexpr int kConsumerRegs = 240;
   static constexpr int kProducerRegs = 24;
   // dS^T goes to shared memory by stmatrix at head dim 64 (FlashAttention-4): +2-3% there, -0-3% at
   // 128, where it spills more (BENCHMARKS.md).
   static constexpr bool kStmatrixDs = kHeadDim == 64;
-  // kHeadDim: the tile head dim (ops/hopper/kernel_rules.py), 64, 128 or 256; q, k, v, dO narrower than
-  // it are read with zeros past their columns, and dK / dV / dQ are written at their real widths.
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "WGMMA backward: tile head dim 64, 128 or 256");
   static_assert(kSplitD ? kBlockM == 64 && kBlockN == 64
                         : kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
                 "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per "
@@ -58,7 +64,7 @@ struct BwdWgmmaTraits {
   static constexpr bool kDqSplitD = !kDqSplitM && kDChunks % kConsumerWGs == 0;
   static constexpr bool kDqOwnPart = kDqSplitM || kDqSplitD;
   static constexpr int kDqKeys = kDqOwnPart ? kBlockN : 64;
-  static constexpr int kDqCols = kDqSplitD ? kHeadDim / kConsumerWGs : 64;  // a warpgroup's dQ columns
+  static constexpr int kDqCols = kDqSplitD ? kTileDim / kConsumerWGs : 64;  // a warpgroup's dQ columns
   static constexpr int kDqWgFloats = 64 * kDqCols;                          // a warpgroup's dQ part
   // dK / dV: a warpgroup's rows (keys) and columns, kDkRegs accumulators per thread each.
   static constexpr int kDkCols = kSplitD ? kHeadDim / kConsumerWGs : kHeadDim;
@@ -67,8 +73,8 @@ struct BwdWgmmaTraits {
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
                 "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
   // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
-  static constexpr int kKBytes = kBlockN * kHeadDim * 2;
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKBytes = kBlockN * kTileDim * 2;
+  static constexpr int kQBytes = kBlockM * kTileDim * 2;
   // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows; at head dim 256 followed by P^T (the A
   // operand of dV, from shared memory there).
   static constexpr int kDsBytes = (kSplitD ? 2 : 1) * kBlockN * kBlockM * 2;
@@ -81,7 +87,7 @@ struct BwdWgmmaTraits {
   static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
   // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
   // 4-byte stores of a warp's 8 keys x 4 columns then fall in 32 different banks).
-  static constexpr int kEpiPitch = kHeadDim * 2 + 16;
+  static constexpr int kEpiPitch = kTileDim * 2 + 16;
   static_assert(2 * kBlockN * kEpiPitch <= kOffLse - kOffQ, "dK / dV staging exceeds the Q / dO / dS ring");
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
   static constexpr int kOffEntry = kOffDelta + kStages * kBlockM * 4;  // 16 int
