@@ -139,7 +139,8 @@ def check_learnable_sink_shape(shape, num_heads: int) -> None:
 
 
 def check_softmax_scale(softmax_scale, head_dim: int) -> float:
-    """``softmax_scale`` as a float, ``head_dim ** -0.5`` for None.
+    """``softmax_scale`` as a float, ``head_dim ** -0.5`` for None (1.0 for a query head dim of 0, a
+    zero-size call, as in Paddle).
 
     Raises:
         TypeError: not a real number (or a bool).
@@ -147,7 +148,7 @@ def check_softmax_scale(softmax_scale, head_dim: int) -> float:
             ``softmax_scale * log2(e)``, overflows float32.
     """
     if softmax_scale is None:
-        return float(head_dim) ** -0.5
+        return float(head_dim) ** -0.5 if head_dim else 1.0
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
     if not (float(softmax_scale) >= float(np.finfo(np.float32).tiny) and float(softmax_scale) * LOG2E <= FLOAT32_MAX):

@@ -30,39 +30,55 @@ def check_tensor(name: str, x, ndim: int | None = None, dtypes=None, layout: str
         raise TypeError(f"{name} must have dtype in ({names}), got {x.dtype}")
 
 
+def _agree(*dims) -> bool:
+    """Dims that must match do: equal, a 0 agreeing with anything. Only a zero-size call has a 0
+    (every other call has none), and Paddle returns its zeros without comparing further."""
+    nonzero = [x for x in dims if x != 0]
+    return all(x == nonzero[0] for x in nonzero)
+
+
 def check_qkv(q, k, v) -> bool:
     """Check query/key/value; return True when the call is zero-size (any of them has no elements).
 
     Head dims follow ``check_head_dims``: key's is query's; value's may differ only for the pairs
     of ``_config.HEAD_DIM_V_PAIRS`` (MLA's 192 / 128), and the output then has value's.
 
-    A zero-size call (a zero batch, sequence length or head count) has a result without a kernel,
-    as in Paddle: zeros of shape ``[batch, seqlen_q, num_heads, head_dim_v]`` (empty when that has
-    no elements). Key/value head counts are then only checked against each other and the query's
-    when both are nonzero (Paddle returns zeros for a key with no heads whatever the value's).
+    A zero-size call (a 0 in any dim of query, key or value) has a result without a kernel, as in
+    Paddle: zeros of shape ``[batch, seqlen_q, num_heads, head_dim_v]`` (``zero_size_output_shape``;
+    empty when that has no elements). Its shapes are compared as in any call, except that a 0
+    agrees with anything (``_agree``), as Paddle accepts a key or value with no rows, heads, head
+    dims or batch whatever the others' are.
     """
     for name, x in (("query", q), ("key", k), ("value", v)):
         check_tensor(name, x, 4, FLOAT_DTYPES, QKV_LAYOUT)
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"query, key, value must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     (b, sq, h, d), (bk, sk, hk, dk), (bv, sv, hv, dv) = q.shape, k.shape, v.shape
-    if _known(b) and not (b == bk == bv):
+    if _known(b) and not _agree(b, bk, bv):
         raise ValueError(f"batch size mismatch: query {b}, key {bk}, value {bv} (layout {QKV_LAYOUT})")
-    if _known(sk) and sk != sv:
+    if _known(sk) and not _agree(sk, sv):
         raise ValueError(f"key and value seqlen (shape[1] of {QKV_LAYOUT}) differ: {sk} vs {sv}")
     if not all(_known(x) for x in (h, hk, hv, d, dk, dv)):
         raise ValueError("num_heads and head_dim of query, key, value must be static (known) dims")
-    zero_size = any(_known(x) and x == 0 for x in (b, sq, sk, h, hk, hv))
-    if hk > 0 and hv > 0:
+    zero_size = any(_known(x) and x == 0 for x in (*q.shape, *k.shape, *v.shape))
+    if hk and hv:  # Paddle returns zeros for a key or value with no heads whatever the others' are
         if hk != hv:
             raise ValueError(f"key and value num_heads differ: {hk} vs {hv} (shape[2] of {QKV_LAYOUT})")
         if h % hk != 0:
             raise ValueError(f"query num_heads ({h}) must be a multiple of key/value num_heads ({hk}) "
                              f"(shape[2] of {QKV_LAYOUT}; query {list(q.shape)}, key {list(k.shape)})")
-    place = getattr(q, "place", None)  # None for static-graph values
-    # the GPU's own pairs only when a kernel runs (a zero-size call runs none)
-    check_head_dims(d, dk, dv, gpu=not zero_size and place is not None and not place.is_cpu_place())
+    if d and dk and dv:  # a head dim of 0 agrees with any (zero-size)
+        place = getattr(q, "place", None)  # None for static-graph values
+        # the GPU's own pairs only when a kernel runs (a zero-size call runs none)
+        check_head_dims(d, dk, dv, gpu=not zero_size and place is not None and not place.is_cpu_place())
     return zero_size
+
+
+def zero_size_output_shape(q, k, v) -> list:
+    """The output shape of a zero-size call, as Paddle gives it: ``[batch, seqlen_q, num_heads,
+    head_dim_v]``, batch 0 when key's or value's is (the lse is ``[batch, num_heads, seqlen_q]``)."""
+    b, sq, h, _ = q.shape
+    return [0 if 0 in (k.shape[0], v.shape[0]) else b, sq, h, v.shape[3]]
 
 
 def check_startend_row_indices(sri, q, k, causal: bool) -> None:

@@ -21,16 +21,15 @@ def _unmasked(seqlen_q, seqlen_k, batch, causal, place):
 
 class _ZeroSizeAttention(paddle.autograd.PyLayer):
     """Output of a zero-size call, without a kernel (as in Paddle): no key is visible to any query
-    row, so the output is zeros ``[batch, seqlen_q, num_heads, head_dim_v]`` (empty if that has no
-    elements), and the gradients of query, key, value (and the learnable sink, whose gradient
+    row, so the output is zeros of ``V.zero_size_output_shape`` (empty if that has no elements),
+    and the gradients of query, key, value (and the learnable sink, whose gradient
     ``-sum p_sink * sum(dout * out)`` is 0 with out 0) are zeros of their shapes."""
 
     @staticmethod
     def forward(ctx, query, key, value, *learnable_sink):
         # (shape, dtype, needs a gradient) per input: PyLayer wants None for stop_gradient inputs
         ctx.inputs = [(x.shape, x.dtype, not x.stop_gradient) for x in (query, key, value, *learnable_sink)]
-        b, sq, h, _ = query.shape
-        return paddle.zeros([b, sq, h, value.shape[3]], dtype=query.dtype)
+        return paddle.zeros(V.zero_size_output_shape(query, key, value), dtype=query.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -40,7 +39,7 @@ class _ZeroSizeAttention(paddle.autograd.PyLayer):
 def _zero_size_result(query, key, value, learnable_sink):
     """``(out, lse)`` of a zero-size call: zeros (see ``_ZeroSizeAttention``) and the lse of rows
     that see no key: ``-inf``, or with a sink ``learnable_sink[h]``."""
-    b, sq, h, _ = query.shape
+    b, sq, h, _ = V.zero_size_output_shape(query, key, value)
     if learnable_sink is None:
         return _ZeroSizeAttention.apply(query, key, value), paddle.full([b, h, sq], -np.inf, dtype="float32")
     lse = learnable_sink.detach().astype("float32").reshape([1, h, 1]).expand([b, h, sq])
@@ -99,7 +98,9 @@ def flashmask_attention(
             is accepted (above ``seqlen_q`` reads as ``seqlen_q``, "to the end"; negative as 0)
             and an interval whose start is past its end is empty. Values are not checked,
             so no device-to-host copy is made. ``None``: plain (causal) attention.
-        dropout: must be 0.0; dropout is not implemented (``NotImplementedError``).
+        dropout: a probability in [0, 1). Dropout is not implemented: with ``training=True`` it
+            must be 0.0 (``NotImplementedError``); with ``training=False`` it is not applied, as in
+            Paddle, whatever its value.
         causal: add the causal mask, bottom-right aligned when seqlen_q != seqlen_k.
         window_size: int or ``(left, right)``: sliding-window attention, converted
             to ``startend_row_indices`` exactly as Paddle does; excludes
@@ -114,7 +115,7 @@ def flashmask_attention(
         fixed_seed_offset: optional int64 ``[2]`` tensor, dropout seed and offset (no effect
             without dropout; returned as ``seed_offset``).
         rng_name: name of the dropout generator (no effect without dropout).
-        training: bool, accepted for compatibility (no dropout, so no effect).
+        training: bool; False means no dropout (as in Paddle), so any ``dropout`` is accepted.
         name: unused, for compatibility.
         softmax_scale: scale of ``q @ k^T``; default ``head_dim ** -0.5`` (query's head dim). The float32 scores
             must not overflow: a scale above ``float32 max / log2(e)`` is a ValueError, and so
@@ -143,29 +144,31 @@ def flashmask_attention(
         in that order (as Paddle). Fully masked query rows give 0 and zero gradients. With
         Paddle's ``FLAGS_cudnn_deterministic`` set (as for Paddle's own flash attention), the GPU
         backward adds dQ in a fixed order: bitwise repeatable, slower; the CPU kernel always is.
-        Zero-size inputs (a zero batch, sequence length or head count) run no kernel, as in
-        Paddle: ``out`` is zeros ``[batch, seqlen_q, num_heads, head_dim_v]`` (empty when that
-        has no elements), the lse ``-inf``, and the gradients zeros. Inputs
+        Zero-size inputs (a 0 in any dim of query, key or value) run no kernel, as in Paddle:
+        ``out`` is zeros ``[batch, seqlen_q, num_heads, head_dim_v]`` (batch 0 when key's or
+        value's is; empty when that has no elements), the lse ``-inf``, and the gradients zeros;
+        their shapes may disagree where one side is 0, as Paddle allows. Inputs
         must be finite: a NaN in q, k or v propagates to the rows it can reach (and, as
         in any dense kernel, a NaN in v reaches every row of a partially masked tile).
 
     Raises:
         TypeError / ValueError: bad tensors, dtypes, shapes, mask values or
             arguments (the message names the argument), before any kernel runs.
-        NotImplementedError: ``dropout`` in (0, 1) (a value outside [0, 1) is a ValueError).
+        NotImplementedError: ``dropout`` in (0, 1) with ``training=True`` (a value outside [0, 1)
+            is a ValueError).
     """
     if not isinstance(dropout, numbers.Real) or isinstance(dropout, (bool, np.bool_)):
         raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
     if not 0.0 <= dropout < 1.0:  # NaN too
         raise ValueError(f"dropout must be a probability in [0, 1), got {dropout}")
-    if dropout != 0.0:
-        raise NotImplementedError("paddle_fm3.flashmask_attention does not implement dropout; pass dropout=0.0")
+    if V.check_bool("training", training) and dropout != 0.0:  # as in Paddle, no dropout unless training
+        raise NotImplementedError("paddle_fm3.flashmask_attention does not implement dropout: pass dropout=0.0 "
+                                  "when training (with training=False dropout is not applied, as in Paddle)")
     if not isinstance(rng_name, str):
         raise TypeError(f"rng_name must be a str, got {type(rng_name).__name__}")
     causal = V.check_bool("causal", causal)
     return_softmax_lse = V.check_bool("return_softmax_lse", return_softmax_lse)
     return_seed_offset = V.check_bool("return_seed_offset", return_seed_offset)
-    V.check_bool("training", training)
     if fixed_seed_offset is not None:
         V.check_seed_offset(fixed_seed_offset)
     zero_size = V.check_qkv(query, key, value)

@@ -198,6 +198,10 @@ def check_argument_errors() -> None:
             assert fragment in str(e), e
         else:
             raise AssertionError(f"no {error.__name__} for {kwargs}")
+    evaluating = paddle.nn.Layer()
+    evaluating.eval()  # as flashmask_attention with training=False: dropout accepted, not applied
+    out, _ = fm3_pf.attention_forward(evaluating, q, q, q, dropout=0.1)
+    np.testing.assert_array_equal(out.numpy(), fm3_pf.attention_forward(evaluating, q, q, q)[0].numpy())
 
 
 def check_patch_paddle_order(order: str) -> None:

@@ -227,8 +227,39 @@ def test_zero_size_with_a_mask_and_window():
         fm.flashmask_attention(q, k, k, paddle.zeros([1, 1, 3, 2], "int32"))
 
 
+# Paddle's own zero-size tests (test_flashmask_zero_size.py, the XPU op test's TestFlashMaskAttentionZeroSize):
+# shapes that disagree only where one side is 0 give zeros without a kernel. The output is
+# [batch, seqlen_q, num_heads, head_dim_v], its batch 0 when any of q, k, v has batch 0.
+PADDLE_ZERO_SIZE = [  # (q shape, k shape, v shape, output shape)
+    ((1, 128, 8, 96), (1, 128, 8, 96), (1, 0, 8, 96), (1, 128, 8, 96)),  # value seqlen 0
+    ((1, 128, 8, 96), (1, 128, 8, 0), (1, 128, 8, 96), (1, 128, 8, 96)),  # key head dim 0
+    ((1, 128, 8, 96), (1, 128, 8, 96), (1, 128, 8, 0), (1, 128, 8, 0)),  # value head dim 0
+    ((1, 128, 8, 96), (1, 128, 8, 96), (0, 128, 8, 96), (0, 128, 8, 96)),  # value batch 0
+    ((1, 16, 8, 96), (1, 0, 8, 96), (1, 3, 8, 96), (1, 16, 8, 96)),  # key seqlen 0, value's 3
+    ((1, 16, 8, 0), (1, 16, 8, 96), (1, 16, 8, 96), (1, 16, 8, 96)),  # query head dim 0
+]
+
+
+@pytest.mark.parametrize("qs,ks,vs,outs", PADDLE_ZERO_SIZE)
+def test_zero_size_shapes_paddle_accepts(qs, ks, vs, outs):
+    """As Paddle's tests call it (float16, a causal mask of ones over key's seqlen): zeros of
+    Paddle's output shape, the lse -inf, and zero gradients of every input's shape."""
+    rng = np.random.default_rng(4)
+    q, k, v = (paddle.to_tensor(rng.standard_normal(s).astype(np.float16)) for s in (qs, ks, vs))
+    for x in (q, k, v):
+        x.stop_gradient = False
+    sri = paddle.ones([ks[0], 1, ks[1], 1], dtype="int32")
+    out, lse = fm.flashmask_attention(q, k, v, sri, causal=True, return_softmax_lse=True)
+    assert list(out.shape) == list(outs) and out.dtype == paddle.float16
+    assert not out.astype("float32").numpy().any()
+    assert list(lse.shape) == [outs[0], qs[2], qs[1]] and np.isneginf(lse.numpy()).all()
+    (out.astype("float32") * 3.0).sum().backward()
+    for x in (q, k, v):
+        assert x.grad is not None and list(x.grad.shape) == list(x.shape)
+        assert not x.grad.astype("float32").numpy().any()
+
+
 @pytest.mark.parametrize("qs,ks,vs,match", [
-    ((2, 8, 4, 16), (2, 0, 2, 16), (2, 3, 2, 16), "seqlen"),
     ((2, 8, 4, 16), (1, 0, 2, 16), (1, 0, 2, 16), "batch size"),
     ((2, 8, 4, 16), (2, 0, 2, 8), (2, 0, 2, 8), "head_dim"),
     ((2, 8, 3, 16), (2, 0, 2, 16), (2, 0, 2, 16), "multiple"),
@@ -256,7 +287,8 @@ def test_return_conventions():
                                              return_seed_offset=True, fixed_seed_offset=fixed, rng_name="local_seed")
     assert so3.numpy().tolist() == [11, 7]
     out4 = fm.flashmask_attention(q, q, q, causal=True, training=False)
-    for o in (out, out2, out3, out4):
+    out5 = fm.flashmask_attention(q, q, q, causal=True, dropout=0.1, training=False)  # no dropout at eval
+    for o in (out, out2, out3, out4, out5):
         np.testing.assert_array_equal(o.numpy(), base.numpy())
     np.testing.assert_array_equal(lse3.numpy(), lse.numpy())
 

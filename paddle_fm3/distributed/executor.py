@@ -171,6 +171,9 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
         raise TypeError(f"plan must be a CPPlan (make_cp_plan), got {type(plan).__name__}")
     return_softmax_lse = V.check_bool("return_softmax_lse", return_softmax_lse)
     V.check_qkv(q_local, k_local, v_local)
+    dims = [x.shape[3] for x in (q_local, k_local, v_local)]
+    if 0 in dims:  # flashmask_attention's zero-size result is for one process; here every head dim counts
+        raise ValueError(f"q_local, k_local, v_local must have head_dim >= 1, got {dims}")
     L = plan.local_seqlen
     for name, x in (("q_local", q_local), ("k_local", k_local), ("v_local", v_local)):
         if x.shape[1] != L:

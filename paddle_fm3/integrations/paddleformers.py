@@ -58,7 +58,8 @@ def attention_forward(module, query, key, value, attention_mask=None, dropout: f
             DeepSeek-V3's 128 under 192).
         attention_mask: must be None: paddle_fm3 takes its masks as
             ``attn_mask_startend_row_indices``.
-        dropout: must be 0 (no attention dropout in paddle_fm3).
+        dropout: must be 0 while ``module.training`` (no attention dropout in paddle_fm3); not
+            applied otherwise (:func:`paddle_fm3.flashmask_attention`'s rule).
         sink: optional ``[num_heads]`` learnable sink logits (gpt-oss), passed to
             :func:`paddle_fm3.flashmask_attention` as ``learnable_sink`` (its gradient flows back).
         scaling: softmax scale (default ``head_dim ** -0.5``).
@@ -72,7 +73,7 @@ def attention_forward(module, query, key, value, attention_mask=None, dropout: f
 
     Raises:
         ValueError: a dense ``attention_mask`` without ``attn_mask_startend_row_indices``.
-        NotImplementedError: ``dropout > 0``.
+        NotImplementedError: ``dropout > 0`` while ``module.training``.
         TypeError / ValueError: from ``paddle_fm3.flashmask_attention``'s checks.
     """
     return _forward(module, query, key, value, attention_mask, dropout, sink, scaling, is_causal,
@@ -100,9 +101,6 @@ def _forward(module, query, key, value, attention_mask, dropout, sink, scaling, 
         raise ValueError("paddle_fm3 takes masks as attn_mask_startend_row_indices, not a dense "
                          "attention_mask: pass attn_mask_startend_row_indices (paddle_fm3.masks builds "
                          "them; a padded batch is a causal_document mask with the padding as a document)")
-    if dropout:
-        raise NotImplementedError(f"paddle_fm3 has no attention dropout (got dropout={dropout}); "
-                                  "set the model's attention_dropout to 0")
     if sri is not None and sri.ndim == 3:
         sri = sri.unsqueeze(-1)
     # PaddleFormers' flashmask backend: C=1 is causal, C=4 bidirectional, otherwise causal
@@ -116,7 +114,8 @@ def _forward(module, query, key, value, attention_mask, dropout, sink, scaling, 
     out = flashmask_attention(query.transpose([0, 2, 1, 3]), key.transpose([0, 2, 1, 3]),
                               value.transpose([0, 2, 1, 3]), sri,
                               causal=True if is_causal is None else bool(is_causal), softmax_scale=scale,
-                              learnable_sink=sink)
+                              learnable_sink=sink, dropout=dropout or 0.0,
+                              training=bool(getattr(module, "training", True)))
     return paddle.reshape(out, [0, 0, out.shape[2] * out.shape[3]]), None
 
 
