@@ -11,9 +11,11 @@ Other inputs: ``--data DIR`` (every text file under DIR, recursively, sorted) or
 ``--data FILE.jsonl`` (one JSON object per line, text in ``--text-field``).
 
 Each run leaves a folder (``--run-dir``, default ``runs/<timestamp>``): ``metrics.csv`` (one row
-per step), ``loss.png`` (loss and tokens/s), ``checkpoint/`` (``--resume`` continues from it),
+per step), ``loss.png`` (loss and tokens/s), ``checkpoint/`` (``--resume`` continues from it, after
+checking its files' sha256, its tensors and that the data and arguments are the same),
 ``samples.txt`` (generated continuations) and ``summary.json`` (results, and one training step
-compared with Paddle's dense-mask attention: time and mask memory).
+compared with Paddle's dense-mask attention: time and mask memory; skipped where it would not fit
+in memory).
 
 Examples::
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import os
@@ -219,6 +222,13 @@ class Packed:
     @property
     def n_rows(self) -> int:
         return len(self.tokens)
+
+    def identity(self) -> dict:
+        """What --resume checks the data by: the sha256 of the packed bytes and of where each row's
+        pieces begin (so changed files are caught, wherever --data points), and the row count."""
+        h = hashlib.sha256(np.ascontiguousarray(self.tokens).reshape(-1))
+        h.update(self._bounds.tobytes())
+        return {"sha256": h.hexdigest(), "rows": self.n_rows}
 
     @property
     def segments_per_row(self) -> float:
@@ -527,10 +537,15 @@ def check_against_dense(model: ByteLM, batch, causal: bool, rtol: float, seed: i
 # ---------------------------------------------------------------------------
 
 METRIC_FIELDS = ("step", "loss", "lr", "step_s", "tokens_per_s")
-# Arguments a checkpoint must agree with: they fix the data, its order and the model's shapes.
-RESUME_KEYS = ("model", "data", "text_field", "max_doc_len", "skip_bad", "mask", "question_frac", "answer_len",
+# Arguments a checkpoint must agree with: they fix the data, its order and the model's shapes. The
+# data themselves are checked by their digest (Packed.identity), not by the --data path.
+RESUME_KEYS = ("model", "text_field", "max_doc_len", "skip_bad", "mask", "question_frac", "answer_len",
                "prefix_frac", "seq_len", "batch_size", "d_model", "n_heads", "n_kv_heads", "n_layers", "eval_rows",
                "seed")
+CHECKPOINT_FILES = ("model.pdparams", "optimizer.pdopt")  # state.json holds their sha256
+# A save writes checkpoint.tmp/, then renames checkpoint/ -> checkpoint.old/ and checkpoint.tmp/ ->
+# checkpoint/: a kill can leave the newest complete checkpoint in any of the three.
+CHECKPOINT_DIRS = ("checkpoint", "checkpoint.tmp", "checkpoint.old")
 
 
 def default_run_dir() -> pathlib.Path:
@@ -542,16 +557,35 @@ def default_run_dir() -> pathlib.Path:
     return path
 
 
-def save_checkpoint(run_dir: pathlib.Path, model, opt, step: int, args) -> None:
-    """checkpoint/ = model.pdparams, optimizer.pdopt (with the LR schedule), state.json; written to a
-    temporary folder first so an interrupted save leaves the previous checkpoint intact."""
-    final, tmp, old = run_dir / "checkpoint", run_dir / "checkpoint.tmp", run_dir / "checkpoint.old"
+def sha256_of(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_checkpoint(run_dir: pathlib.Path, model, opt, step: int, args, data_id: dict) -> None:
+    """checkpoint/ = model.pdparams, optimizer.pdopt (with the LR schedule) and state.json (the step, the
+    arguments, the data's digest and both files' sha256), written last: a folder whose state.json is
+    missing or disagrees with its files is an interrupted or damaged save. Written into
+    checkpoint.tmp/ first and then renamed into place, so a kill at any point leaves a complete
+    checkpoint in one of CHECKPOINT_DIRS (load_checkpoint takes the newest)."""
+    tmp = run_dir / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     paddle.save(model.state_dict(), str(tmp / "model.pdparams"))
     paddle.save(opt.state_dict(), str(tmp / "optimizer.pdopt"))
-    state = {"step": step, "args": {k: getattr(args, k) for k in RESUME_KEYS}}
+    state = {"step": step, "args": {k: getattr(args, k) for k in RESUME_KEYS}, "data": data_id,
+             "files": {name: sha256_of(tmp / name) for name in CHECKPOINT_FILES}}
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    promote_tmp_checkpoint(run_dir)
+
+
+def promote_tmp_checkpoint(run_dir: pathlib.Path) -> None:
+    """The complete checkpoint.tmp/ becomes checkpoint/; the previous one is kept as checkpoint.old/
+    until then."""
+    final, tmp, old = (run_dir / name for name in CHECKPOINT_DIRS)
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
@@ -559,23 +593,135 @@ def save_checkpoint(run_dir: pathlib.Path, model, opt, step: int, args) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(run_dir: pathlib.Path, model, opt, args) -> int:
-    """Restore model and optimizer from run_dir/checkpoint; return its step. SystemExit on a missing
-    checkpoint or arguments that differ from the checkpoint's."""
-    ckpt = run_dir / "checkpoint"
-    if not (ckpt / "state.json").is_file():
-        raise SystemExit(f"error: --resume: no checkpoint in {ckpt} (a run folder of scripts/train.py has one)")
-    state = json.loads((ckpt / "state.json").read_text())
-    diff = [f"--{k.replace('_', '-')} {getattr(args, k)!r} (checkpoint: {v!r})"
-            for k, v in state["args"].items() if getattr(args, k, None) != v]
+def state_problem(state) -> Optional[str]:
+    """What is wrong with the fields of a parsed state.json, or None."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    step = state.get("step")
+    if type(step) is not int or step < 1:  # type(): True is an int to isinstance
+        return f"'step' is {step!r}, not a positive integer"
+    if not isinstance(state.get("args"), dict):
+        return "no 'args' object"
+    files = state.get("files")
+    if not (isinstance(files, dict) and sorted(files) == sorted(CHECKPOINT_FILES)
+            and all(isinstance(v, str) for v in files.values())):
+        return f"no sha256 of {', '.join(CHECKPOINT_FILES)} (written by an older scripts/train.py?)"
+    data = state.get("data")
+    if not (isinstance(data, dict) and isinstance(data.get("sha256"), str) and type(data.get("rows")) is int):
+        return "no digest of the data (written by an older scripts/train.py?)"
+    return None
+
+
+def read_checkpoint(folder: pathlib.Path):
+    """(state, None) for a complete, intact checkpoint folder, else (None, why not, naming the file)."""
+    path = folder / "state.json"
+    if not path.is_file():
+        return None, f"{path}: missing (a save that did not finish)"
+    try:
+        state = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or not UTF-8
+        return None, f"{path}: not valid JSON ({one_line(e)})"
+    problem = state_problem(state)
+    if problem:
+        return None, f"{path}: {problem}"
+    for name, digest in state["files"].items():
+        f = folder / name
+        if not f.is_file():
+            return None, f"{f}: missing"
+        if sha256_of(f) != digest:
+            return None, f"{f}: its sha256 differs from the one in state.json (the file is damaged or was replaced)"
+    return state, None
+
+
+def run_finished(run_dir: pathlib.Path, step: int) -> bool:
+    """Whether summary.json says the run finished at `step` (a run that died after its last
+    checkpoint has none, and --resume may finish it)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text())["steps"]["end"] == step
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def one_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
+def tensor_layout(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{str(value.dtype).replace('paddle.', '')} {list(value.shape)}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(map(str, value))) + "}"
+    return type(value).__name__
+
+
+def load_tensors(path: pathlib.Path, expected: dict) -> dict:
+    """paddle.load(path), which must hold exactly the entries of ``expected`` (a fresh model's or
+    optimizer's state_dict) with the same shapes and dtypes; SystemExit naming the file otherwise.
+    (Paddle itself skips a mismatched tensor with a warning and keeps the fresh one.)"""
+    try:
+        loaded = paddle.load(str(path))
+    except Exception as e:  # its sha256 matched, yet Paddle cannot read it
+        raise SystemExit(f"error: --resume: {path}: paddle.load cannot read it ({one_line(e)})")
+    if not isinstance(loaded, dict):
+        raise SystemExit(f"error: --resume: {path}: holds a {type(loaded).__name__}, not a state dict")
+    problems = [f"missing {k}" for k in expected if k not in loaded]
+    problems += [f"unexpected {k}" for k in loaded if k not in expected]
+    problems += [f"{k}: {tensor_layout(loaded[k])} (expected {tensor_layout(v)})" for k, v in expected.items()
+                 if k in loaded and tensor_layout(loaded[k]) != tensor_layout(v)]
+    if problems:
+        more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise SystemExit(f"error: --resume: {path}: does not fit this model: " + "; ".join(problems[:5]) + more)
+    return loaded
+
+
+def optimizer_state_layout(model, opt) -> dict:
+    """The optimizer's state_dict as this run will save it. AdamW creates its moments at its first
+    step, so take one on zero gradients; load_checkpoint then overwrites the weights and moments."""
+    (paddle.add_n([p.sum() for p in model.parameters()]) * 0.0).backward()
+    opt.step()
+    opt.clear_grad()
+    return opt.state_dict()
+
+
+def load_checkpoint(run_dir: pathlib.Path, model, opt, args, data_id: dict):
+    """Restore model and optimizer from the newest complete checkpoint in CHECKPOINT_DIRS; return
+    (its step, its folder). SystemExit with a one-line error naming the file on a missing or damaged
+    checkpoint, arguments or data that differ from the checkpoint's, or tensors that do not fit."""
+    found, passed_over = [], []
+    for name in CHECKPOINT_DIRS:
+        if (run_dir / name).exists():
+            state, problem = read_checkpoint(run_dir / name)
+            found += [(state["step"], run_dir / name, state)] if state else []
+            passed_over += [problem] if problem else []
+    if not found and not passed_over:
+        raise SystemExit(f"error: --resume: no checkpoint in {run_dir / 'checkpoint'} (a run folder of "
+                         "scripts/train.py has one)")
+    if not found:
+        raise SystemExit(f"error: --resume: no usable checkpoint in {run_dir}: " + "; ".join(passed_over))
+    step, folder, state = max(found, key=lambda f: f[0])  # the first of equals: checkpoint/
+    for problem in passed_over:
+        print(f"note: --resume: passed over {problem}", file=sys.stderr)
+    diff = [f"--{k.replace('_', '-')} {getattr(args, k)!r} (checkpoint: {state['args'].get(k, 'none')!r})"
+            for k in RESUME_KEYS if state["args"].get(k) != getattr(args, k)]
     if diff:
         raise SystemExit("error: --resume: arguments differ from the checkpoint's: " + "; ".join(diff))
-    if state["step"] >= args.steps:
-        raise SystemExit(f"error: --resume: the checkpoint is at step {state['step']}, --steps is {args.steps}: "
+    if state["data"] != data_id:
+        raise SystemExit(f"error: --resume: the packed data differ from the checkpoint's: {data_id['rows']} rows, "
+                         f"sha256 {data_id['sha256'][:12]} (checkpoint: {state['data']['rows']} rows, sha256 "
+                         f"{state['data']['sha256'][:12]}): the files under --data changed since it was written")
+    # A checkpoint at the last step is finished only if the run wrote its summary; otherwise the run
+    # died after its last save, and resuming finishes it.
+    if step > args.steps or (step == args.steps and run_finished(run_dir, step)):
+        raise SystemExit(f"error: --resume: the checkpoint is at step {step}, --steps is {args.steps}: "
                          "pass a larger --steps (the total)")
-    model.set_state_dict(paddle.load(str(ckpt / "model.pdparams")))
-    opt.set_state_dict(paddle.load(str(ckpt / "optimizer.pdopt")))
-    return int(state["step"])
+    model_state = load_tensors(folder / "model.pdparams", model.state_dict())
+    opt_state = load_tensors(folder / "optimizer.pdopt", optimizer_state_layout(model, opt))
+    model.set_state_dict(model_state)
+    opt.set_state_dict(opt_state)
+    if folder.name == "checkpoint.tmp":  # the next save starts by clearing checkpoint.tmp/
+        promote_tmp_checkpoint(run_dir)
+    return step, folder
 
 
 def open_metrics(path: pathlib.Path, start_step: int):
@@ -674,6 +820,40 @@ def dense_mask_bytes(b: int, s: int) -> int:
     return 4 * b * s * s
 
 
+def dense_attention_bytes(b: int, s: int, heads: int, layers: int) -> int:
+    """Estimated peak memory of one training step with dense-mask attention: per layer the float32
+    [b, heads, s, s] probabilities kept for the backward, about three more such matrices in flight
+    (scores, their gradients), and the bool and float32 [b, 1, s, s] masks. Measured peaks (CPU,
+    Paddle 3.3, ByteLM, 4 heads, s = 2048): 4.1 and 6.0 times b*heads*s*s*4 bytes at 2 and 4
+    layers, where this says 5.3 and 7.3."""
+    return (layers + 3) * b * heads * s * s * 4 + 5 * b * s * s
+
+
+def available_memory_bytes() -> Optional[int]:
+    """Memory available to this process now (psutil's estimate where installed, else the free
+    pages), or None where unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def dense_comparison_skip(b: int, s: int, heads: int, layers: int) -> Optional[dict]:
+    """Why the dense comparison is skipped (it would not fit in memory; it once ended a run that had
+    trained and saved with a MemoryError), as summary.json records it, or None to run it."""
+    need, free = dense_attention_bytes(b, s, heads, layers), available_memory_bytes()
+    if free is None or need <= free:
+        return None
+    return {"skipped": f"it would need ~{human_bytes(need)} of memory, {human_bytes(free)} available",
+            "estimated_bytes": need, "available_bytes": free}
+
+
 def dense_comparison(runner, batch_np, causal: bool, loss_fn) -> dict:
     """One training step's forward + backward with paddle_fm3 and with Paddle's dense-mask attention
     on the same batch and weights: time (after one untimed warm-up each), loss, gradient agreement,
@@ -769,8 +949,10 @@ def parse_args(argv=None):
                    help="where the run leaves metrics.csv (per step), loss.png, checkpoint/, samples.txt\n"
                         "and summary.json (default: runs/<timestamp> in the current directory)")
     g.add_argument("--resume", action="store_true",
-                   help="continue the run in --run-dir from its checkpoint/ up to --steps (the total);\n"
-                        "data, model and batch arguments must match the checkpoint's; the learning-rate\n"
+                   help="continue the run in --run-dir from its newest intact checkpoint up to --steps\n"
+                        "(the total; a run that died after its last checkpoint is finished). The files\n"
+                        "must match their sha256 in state.json, and the data (compared by content) and\n"
+                        "the data, model and batch arguments the checkpoint's; the learning-rate\n"
                         "schedule is recomputed for the new total (a warm restart)")
     g.add_argument("--checkpoint-every", type=int, default=50,
                    help="also save the checkpoint every N steps (0 = only at the end; default 50)")
@@ -825,9 +1007,12 @@ def main(argv=None) -> int:
         print("error: --resume needs --run-dir (the run folder to continue)", file=sys.stderr)
         return 2
     run_dir = pathlib.Path(args.run_dir) if args.run_dir else default_run_dir()
-    if not args.resume and (run_dir / "checkpoint").exists():
-        print(f"error: {run_dir} already holds a run (checkpoint/); pass --resume to continue it or another "
-              "--run-dir", file=sys.stderr)
+    # Without --resume, a run never replaces a checkpoint it did not write (an interrupted save
+    # leaves only checkpoint.tmp/ and checkpoint.old/): it stops instead.
+    existing = [f"{name}/" for name in CHECKPOINT_DIRS if (run_dir / name).exists()]
+    if not args.resume and existing:
+        print(f"error: {run_dir} already holds a run ({', '.join(existing)}); pass --resume to continue it or "
+              "another --run-dir", file=sys.stderr)
         return 2
 
     t0 = time.perf_counter()
@@ -839,6 +1024,7 @@ def main(argv=None) -> int:
                 answer_len=args.answer_len, prefix_frac=args.prefix_frac)
     del docs
     n_rows = data.n_rows
+    data_id = data.identity()
     n_eval = min(args.eval_rows, n_rows // 5)
     train_idx = np.arange(n_rows - n_eval)
     eval_idx = np.arange(n_rows - n_eval, n_rows)
@@ -907,9 +1093,12 @@ def main(argv=None) -> int:
     sched = paddle.optimizer.lr.LambdaDecay(args.lr, lr_factor)
     opt = paddle.optimizer.AdamW(sched, parameters=model.parameters(), weight_decay=args.weight_decay,
                                  grad_clip=nn.ClipGradByGlobalNorm(1.0))
-    start_step = load_checkpoint(run_dir, model, opt, args) if args.resume else 0
-    if start_step:
-        print(f"resumed from {run_dir / 'checkpoint'} at step {start_step}")
+    start_step = 0
+    if args.resume:
+        start_step, folder = load_checkpoint(run_dir, model, opt, args, data_id)
+        print(f"resumed from {folder} at step {start_step}")
+        if start_step == args.steps:
+            print("no steps left to run: finishing the run (evaluation, dense comparison, samples, summary)")
     run_dir.mkdir(parents=True, exist_ok=True)
 
     check = "off"
@@ -930,6 +1119,11 @@ def main(argv=None) -> int:
 
     eval_before = evaluate()
     metrics_fh, metrics, earlier_losses = open_metrics(run_dir / "metrics.csv", start_step)
+    if start_step == args.steps and earlier_losses is None:
+        metrics_fh.close()
+        print("error: --resume: no steps left to run, and metrics.csv lacks the run's losses: nothing to finish",
+              file=sys.stderr)
+        return 1
     losses, step_times = [], []
     progress = show_progress(args.no_progress)
     bar = tqdm(range(start_step, args.steps), desc="train", unit="step", disable=not progress, dynamic_ncols=True)
@@ -956,11 +1150,11 @@ def main(argv=None) -> int:
         if not progress and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"step {step + 1}/{args.steps} loss {lv:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
-            save_checkpoint(run_dir, model, opt, step + 1, args)
+            save_checkpoint(run_dir, model, opt, step + 1, args, data_id)
     bar.close()
     metrics_fh.close()
     train_s = time.perf_counter() - t_train
-    save_checkpoint(run_dir, model, opt, args.steps, args)
+    save_checkpoint(run_dir, model, opt, args.steps, args, data_id)
     eval_after = evaluate()
 
     # The loss summary covers the whole run from step 1 (a resumed run reads the earlier steps back
@@ -970,7 +1164,7 @@ def main(argv=None) -> int:
     k = max(1, min(10, len(run_losses) // 5))
     first, last = float(np.mean(run_losses[:k])), float(np.mean(run_losses[-k:]))
     steady = step_times[1:] if len(step_times) > 1 else step_times
-    tok_s = b * s * len(steady) / sum(steady)
+    tok_s = b * s * len(steady) / sum(steady) if steady else None  # None: finishing, no steps run now
     partial = "" if loss_from_step == 1 else f" (steps {loss_from_step}-{args.steps}; metrics.csv lacks earlier steps)"
     print(f"loss{partial}: first {k} steps {first:.4f} -> last {k} steps {last:.4f} "
           f"({'falling' if last < first else 'NOT falling'}; ln(256) = {math.log(256):.3f} is chance)")
@@ -981,13 +1175,23 @@ def main(argv=None) -> int:
         why = "--eval-rows 0" if args.eval_rows == 0 else f"{n_rows} rows of data, and at most a fifth are held out"
         print(f"held-out loss: none (no held-out rows: {why})")
     session = f"steps {start_step + 1}-{args.steps} run now, " if start_step else ""
-    print(f"throughput: {tok_s:,.0f} tokens/s ({session}excluding the first step); {train_s:.1f}s training, "
-          f"{time.perf_counter() - t0:.1f}s total")
+    if tok_s is None:
+        print(f"throughput: none (no steps run now); {time.perf_counter() - t0:.1f}s total")
+    else:
+        print(f"throughput: {tok_s:,.0f} tokens/s ({session}excluding the first step); {train_s:.1f}s training, "
+              f"{time.perf_counter() - t0:.1f}s total")
 
-    cmp = dense_comparison(runner, batch_np(perm[:b]), data.causal, loss_from_logits)
-    print(f"one step vs {cmp['dense_attention']}: {cmp['fm3']['step_s']:.3f}s vs {cmp['dense']['step_s']:.3f}s "
-          f"({cmp['speedup']:.2f}x); mask {human_bytes(cmp['mask_bytes']['startend_row_indices'])} vs "
-          f"{human_bytes(cmp['mask_bytes']['dense_float32'])} float32; loss rel diff {cmp['loss_rel_diff']:.1e}")
+    cmp = dense_comparison_skip(b, s, args.n_heads, args.n_layers)
+    if cmp is None:
+        cmp = dense_comparison(runner, batch_np(perm[:b]), data.causal, loss_from_logits)
+        print(f"one step vs {cmp['dense_attention']}: {cmp['fm3']['step_s']:.3f}s vs {cmp['dense']['step_s']:.3f}s "
+              f"({cmp['speedup']:.2f}x); mask {human_bytes(cmp['mask_bytes']['startend_row_indices'])} vs "
+              f"{human_bytes(cmp['mask_bytes']['dense_float32'])} float32; loss rel diff {cmp['loss_rel_diff']:.1e}")
+    else:
+        cmp["mask_bytes"] = {"startend_row_indices": sri_bytes, "dense_float32": dense_bytes,
+                             "ratio": round(dense_bytes / sri_bytes, 1)}
+        print(f"one step vs dense attention: skipped ({cmp['skipped']}); mask {human_bytes(sri_bytes)} vs "
+              f"{human_bytes(dense_bytes)} float32")
     plotted = have_matplotlib()
     if plotted:
         plot_metrics(run_dir / "metrics.csv", run_dir / "loss.png",
@@ -1016,8 +1220,8 @@ def main(argv=None) -> int:
     fields.append(f"eval={eval_before:.4f}->{eval_after:.4f}" if n_eval else "eval=none")
     if n_eval and start_step:
         fields.append(f"eval_from_step={start_step}")
-    fields += [f"tokens_per_s={tok_s:.0f}", f"train_s={train_s:.1f}", f"mask_bytes={sri_bytes}",
-               f"dense_mask_bytes_float32={dense_bytes}", f"check={check}"]
+    fields += ["tokens_per_s=none" if tok_s is None else f"tokens_per_s={tok_s:.0f}", f"train_s={train_s:.1f}",
+               f"mask_bytes={sri_bytes}", f"dense_mask_bytes_float32={dense_bytes}", f"check={check}"]
     print("SUMMARY " + " ".join(fields))
     return 0
 
