@@ -12,7 +12,10 @@
 
 ``masks``, ``reference`` and ``kernels`` need only numpy, so that machines
 without Paddle (the GPU test machines) can import them; the Paddle-facing names
-load on first use.
+load on first use. Where Paddle is installed, importing the package registers
+the compiled ops with Paddle (``_register_ops``), so that a model saved with
+``paddle.jit.save`` loads (``paddle.jit.load``, Paddle Inference) in a process
+that has not called the op.
 """
 
 from . import masks, reference
@@ -49,3 +52,23 @@ def __getattr__(name):
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _register_ops() -> None:
+    """Load the compiled ops into Paddle's op registry when Paddle is installed: a saved program
+    names the op, and Paddle looks it up in the registry when the program is loaded, so it must be
+    there before any call of ours (without it ``paddle.jit.load`` crashes and a predictor raises
+    ``PreconditionNotMet: op [] kernel output args (0) defs should equal op outputs (2)``). Without
+    Paddle, or with the ops not built (the source tree), nothing is loaded and the Paddle-facing
+    names say why on first use."""
+    try:
+        import paddle  # noqa: F401, PLC0415
+    except ImportError:
+        return
+    try:
+        from . import _ops  # noqa: F401, PLC0415
+    except ImportError:
+        return
+
+
+_register_ops()
