@@ -110,6 +110,23 @@ def test_damaged_checkpoint_file_is_refused(run, name):
     assert "resumed" not in proc.stdout
 
 
+@pytest.mark.parametrize("name,damage,msg", [
+    ("model.pdparams", lambda raw: raw[: len(raw) // 2], "its sha256 differs"),  # once an EOFError
+    ("optimizer.pdopt", lambda raw: raw[: len(raw) // 2], "its sha256 differs"),
+    ("optimizer.pdopt", None, "missing"),
+])
+def test_truncated_or_missing_checkpoint_file_is_refused(run, name, damage, msg):
+    data, run_dir = run
+    path = run_dir / "checkpoint" / name
+    if damage is None:
+        path.unlink()
+    else:
+        path.write_bytes(damage(path.read_bytes()))
+    train_mod = load_train()
+    with pytest.raises(SystemExit, match=rf"no usable checkpoint .*checkpoint/{name}: {msg}"):
+        train_mod.main([*QUICK, "--data", str(data), "--run-dir", str(run_dir), "--steps", "3", "--resume"])
+
+
 def test_model_file_of_another_run_is_refused(run, tmp_path):
     """model.pdparams of a --d-model 64 run copied in: once only Paddle's "Skip loading" warnings."""
     data, run_dir = run
