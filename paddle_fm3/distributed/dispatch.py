@@ -1,6 +1,6 @@
 """Moving ``[B, S, ...]`` Paddle tensors between global order and one rank's segments.
 
-``dispatch`` keeps this rank's rows (an ``index_select``); ``undispatch`` all-gathers every rank's
+``dispatch`` keeps this rank's rows (``take_rows``); ``undispatch`` all-gathers every rank's
 rows and restores global order, and its backward keeps this rank's slice of the incoming gradient
 (each rank is assumed to compute the same loss on the global tensor). ``CPPlan.dispatch`` /
 ``CPPlan.undispatch`` call these.
@@ -12,7 +12,17 @@ import numpy as np
 import paddle
 from paddle.autograd import PyLayer
 
-__all__ = ["dispatch", "undispatch"]
+__all__ = ["dispatch", "undispatch", "take_rows"]
+
+
+def take_rows(x, index, axis: int = 1):
+    """``paddle.index_select(x, index, axis)`` (differentiable) for every dtype of the CP path: on
+    the CPU Paddle's index_select has no float16 kernel, so there float16 rows are selected in
+    float32 (exact both ways: every float16 is a float32) and the gradient comes back in float16.
+    The one row selection of CP (dispatch, undispatch, the executor's KV rows)."""
+    if x.dtype == paddle.float16 and x.place.is_cpu_place():
+        return paddle.index_select(x.astype("float32"), index, axis=axis).astype(x.dtype)
+    return paddle.index_select(x, index, axis=axis)
 
 
 def _check_axis(fn: str, x, axis) -> int:
@@ -47,7 +57,7 @@ def _inverse_index(plan, place):
 
 def dispatch(plan, x, axis: int = 1):
     """Global ``x`` (``x.shape[axis] == S``, identical on every rank) -> this rank's segments in
-    ascending order (``x.shape[axis] == S / P``). Differentiable (an index_select).
+    ascending order (``x.shape[axis] == S / P``). Differentiable (``take_rows``).
 
     Raises:
         TypeError: ``x`` is not a paddle.Tensor. ValueError: a bad ``axis`` or ``x.shape[axis] != S``.
@@ -56,7 +66,7 @@ def dispatch(plan, x, axis: int = 1):
     if x.shape[axis] != plan.layout.seqlen:
         raise ValueError(f"dispatch: x.shape[{axis}] must be the global seqlen {plan.layout.seqlen}, "
                          f"got {x.shape[axis]}")
-    return paddle.index_select(x, _local_index(plan, x.place), axis=axis)
+    return take_rows(x, _local_index(plan, x.place), axis=axis)
 
 
 class _Undispatch(PyLayer):
@@ -65,11 +75,11 @@ class _Undispatch(PyLayer):
         ctx.plan, ctx.axis = plan, axis
         parts = plan.comm.all_gather(x.contiguous())
         full = paddle.concat(parts, axis=axis)
-        return paddle.index_select(full, _inverse_index(plan, x.place), axis=axis)
+        return take_rows(full, _inverse_index(plan, x.place), axis=axis)
 
     @staticmethod
     def backward(ctx, dy):
-        return paddle.index_select(dy, _local_index(ctx.plan, dy.place), axis=ctx.axis)
+        return take_rows(dy, _local_index(ctx.plan, dy.place), axis=ctx.axis)
 
 
 def undispatch(plan, x, axis: int = 1):

@@ -15,6 +15,7 @@ from paddle.autograd import PyLayer
 from .. import _validation as V
 from .._ops import attention_backward, attention_forward, deterministic_requested
 from . import step
+from .dispatch import take_rows
 from .plan import CPPlan
 
 __all__ = ["cp_flashmask_attention", "PaddleAttention"]
@@ -39,7 +40,7 @@ class PaddleAttention(step.AttentionBackend):
         return paddle.to_tensor(np.asarray(rows, dtype=np.int64), dtype="int64", place=like.place)
 
     def take_rows(self, x, index):
-        return paddle.index_select(x, index, axis=1).contiguous()
+        return take_rows(x, index, axis=1).contiguous()
 
     def cat_last(self, a, b):
         return paddle.concat([a, b], axis=-1).contiguous()

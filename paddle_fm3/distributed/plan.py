@@ -4,25 +4,26 @@ Context parallelism (docs/design.md, "Context parallelism"): the global sequence
 tokens is cut into ``n = S / segment_size`` segments; each of the ``P`` ranks owns ``n / P`` of them
 (HCC-IPO balance on the block-summary workload), holds the queries and keys/values of those
 segments, and receives only the remote KV segments that are not fully masked for its rows. Every
-rank derives the same plan from the same global mask with no communication.
+rank derives the same plan from the same global mask; the only communication of planning is one
+all-gather of a digest when a plan is made (:func:`check_agreement`), so that ranks given different
+masks (or sizes) fail at once instead of exchanging KV that does not fit their rows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import _checks, mask_semantics
 from .balance import hcc_ipo
-from .comm import Communicator, default_communicator
+from .comm import Communicator, PlanOnlyCommunicator, default_communicator
 from .localize import _localize_checked
 
 __all__ = ["CPLayout", "CPPlan", "make_cp_plan", "make_cp_plans", "build_layout", "segment_summary",
-           "segment_workload", "check_segment_sizes", "MAX_SEGMENTS", "default_segment_size"]
+           "segment_workload", "check_segment_sizes", "check_agreement", "MAX_SEGMENTS", "default_segment_size"]
 
 TILE = 128  # query tile / key block of the workload summary (the kernels' kBlockM/kBlockN scale)
 
@@ -339,7 +340,7 @@ class CPPlan:
     # ---- dispatch (paddle tensors; dispatch.py) -------------------------------------------
     def dispatch(self, x, axis: int = 1):
         """Global ``x`` (``x.shape[axis] == S``, identical on every rank) -> this rank's segments in
-        ascending order (``x.shape[axis] == S / P``). Differentiable (an index_select)."""
+        ascending order (``x.shape[axis] == S / P``). Differentiable (``dispatch.take_rows``)."""
         from .dispatch import dispatch  # noqa: PLC0415 - needs paddle
 
         return dispatch(self, x, axis)
@@ -356,14 +357,16 @@ class CPPlan:
     def for_mask(self, startend_row_indices, *, causal: bool) -> "CPPlan":
         """A plan for another mask of the same sequence sharing this plan's dispatch (same segments
         on the same ranks: e.g. sliding-window and global layers of one model). Its own
-        localization and KV pruning; no communication."""
+        localization and KV pruning; :func:`check_agreement` (every rank of the group joins it)."""
         sri = _check_mask(startend_row_indices, causal)
         if sri.shape[2] != self.layout.seqlen:
             raise ValueError(f"startend_row_indices must cover this plan's sequence ({self.layout.seqlen} tokens), "
                              f"got {sri.shape[2]}")
         lay = _build_layout(sri, bool(causal), self.layout.num_ranks, self.layout.segment_size, (),
                             self.layout.segments, TILE)
-        return CPPlan._from_checked(lay, sri, bool(causal), self.comm)
+        plan = CPPlan._from_checked(lay, sri, bool(causal), self.comm)
+        check_agreement([plan])
+        return plan
 
     # ---- introspection -------------------------------------------------------------------
     def digest(self) -> str:
@@ -372,13 +375,8 @@ class CPPlan:
         return hashlib.sha256(self.layout.digest().encode() + own).hexdigest()
 
     def check_agreement(self) -> None:
-        """Debug: all-gather a hash of the plan and raise RuntimeError if ranks disagree."""
-        d = int(self.digest()[:15], 16)
-        got = self.comm.all_gather_ints([d])
-        if any(g[0] != d for g in got):
-            raise RuntimeError(f"CP plan differs across ranks (hash prefixes {[g[0] for g in got]}): the "
-                               f"ranks were given different masks (values or causal flags), segment sizes "
-                               f"or group sizes")
+        """:func:`check_agreement` of this plan alone (one all-gather on its group)."""
+        check_agreement([self])
 
     def stats(self, bytes_per_token: Optional[int] = None) -> dict:
         """Load balance and communication of the layout (same numbers on every rank).
@@ -417,10 +415,37 @@ class CPPlan:
         }
 
 
+def check_agreement(plans: Sequence[CPPlan]) -> None:
+    """Check that every rank of the plans' group made the same plans: one all-gather of one int64,
+    a hash of the plans' digests (:meth:`CPPlan.digest`: the masks and causal flags, sizes,
+    segments, workload and needed segments), which every rank of the group must join.
+    ``make_cp_plan``, ``make_cp_plans`` and ``CPPlan.for_mask`` call it on every plan they make.
+    Without it, ranks given different masks whose plans need the same exchange sizes run without
+    an error and return wrong outputs. A group of one rank, or a :class:`PlanOnlyCommunicator`
+    (all ranks simulated in one process), has no one to disagree with: no communication.
+
+    Raises:
+        RuntimeError: on every rank, when some rank's plans differ from the others'.
+    """
+    comm = plans[0].comm
+    if comm.world_size == 1 or isinstance(comm, PlanOnlyCommunicator):
+        return
+    h = hashlib.sha256("".join(p.digest() for p in plans).encode()).hexdigest()
+    mine = int(h[:15], 16)  # 60 bits: a non-negative int64
+    got = [g[0] for g in comm.all_gather_ints([mine])]
+    if len(set(got)) > 1:
+        groups = {}
+        for rank, value in enumerate(got):
+            groups.setdefault(value, []).append(rank)
+        raise RuntimeError(f"CP plans differ across the ranks of the group (ranks holding the same plans: "
+                           f"{sorted(groups.values())}; this is rank {comm.rank}): every rank must make its plans "
+                           f"from the same global mask (values, shape and causal flag) and segment_size")
+
+
 def make_cp_plan(startend_row_indices, *, causal: bool, group=None, segment_size: Optional[int] = None,
                  debug: Optional[bool] = None) -> CPPlan:
-    """Build this rank's context-parallel plan for a global FlashMask. No communication (except the
-    optional debug agreement check).
+    """Build this rank's context-parallel plan for a global FlashMask. Its only communication is
+    :func:`check_agreement` (one all-gather of one int64), which every rank of the group joins.
 
     Args:
         startend_row_indices: the **global** mask, int32 ``[B, H_mask, S, C]`` (numpy or paddle),
@@ -431,24 +456,21 @@ def make_cp_plan(startend_row_indices, *, causal: bool, group=None, segment_size
             no exchange); without fleet, the world (:func:`comm.default_communicator`).
         segment_size: tokens per segment (default :func:`default_segment_size`). ``S`` must be
             divisible by ``P * segment_size``.
-        debug: all-gather a plan hash and check that every rank built the same plan (default: the
-            ``FM3_CP_DEBUG`` environment variable).
+        debug: no effect, kept for compatibility: the agreement check it turned on (with
+            ``FM3_CP_DEBUG``) always runs now.
 
     Returns:
         :class:`CPPlan`.
 
     Raises:
         TypeError / ValueError: bad mask, sizes not divisible, fleet with both ``cp_degree`` and
-        ``sep_degree`` > 1 and no ``group``; RuntimeError: ranks disagree (debug).
+        ``sep_degree`` > 1 and no ``group``; RuntimeError: the ranks' masks (or sizes) differ.
     """
     comm = default_communicator(group)
     sri = _check_mask(startend_row_indices, causal)
     lay = _build_layout(sri, bool(causal), comm.world_size, segment_size, (), None, TILE)
     plan = CPPlan._from_checked(lay, sri, bool(causal), comm)
-    if debug is None:
-        debug = os.environ.get("FM3_CP_DEBUG", "0") not in ("", "0")
-    if debug:
-        plan.check_agreement()
+    check_agreement([plan])
     return plan
 
 
@@ -456,7 +478,8 @@ def make_cp_plans(masks: Sequence[Tuple[object, bool]], *, group=None, segment_s
                   debug: Optional[bool] = None) -> List[CPPlan]:
     """Plans for several masks of one sequence sharing one dispatch, balanced on their summed
     workload (e.g. the sliding-window and global layers of one model). ``masks``: a sequence of
-    ``(startend_row_indices, causal)``."""
+    ``(startend_row_indices, causal)``. One :func:`check_agreement` for all of them; ``debug``:
+    no effect (:func:`make_cp_plan`)."""
     if not isinstance(masks, (list, tuple)) or not masks:
         raise TypeError("masks must be a non-empty list of (startend_row_indices, causal) pairs, got "
                         f"{type(masks).__name__}")
@@ -470,9 +493,5 @@ def make_cp_plans(masks: Sequence[Tuple[object, bool]], *, group=None, segment_s
     for m, c in checked[1:]:
         lay = _build_layout(m, c, comm.world_size, first.segment_size, (), first.segments, TILE)
         plans.append(CPPlan._from_checked(lay, m, c, comm))
-    if debug is None:
-        debug = os.environ.get("FM3_CP_DEBUG", "0") not in ("", "0")
-    if debug:
-        for p in plans:
-            p.check_agreement()
+    check_agreement(plans)
     return plans
