@@ -352,7 +352,7 @@ def test_cp_planning_rejects_bad_input():
 
 def test_digest_sees_mask_values_and_causal():
     """Masks that differ only where no segment's workload or visibility changes still give
-    different digests (the debug agreement check must see them), and so does the causal flag."""
+    different digests (the agreement check must see them), and so does the causal flag."""
     sri = masks.causal(256).startend_row_indices
     other = sri.copy()
     other[0, 0, 0, 0] = 255  # row 255 no longer sees key 0: its tile still sees the block

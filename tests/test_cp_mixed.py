@@ -3,7 +3,7 @@
 On gloo the exchange is made of collectives, so a rank with nothing to send or receive must still
 join them; these masks leave such ranks beside active ones (tests/cp/cp_mixed_worker.py). Forward,
 undispatch and all three gradients against single-process ``flashmask_attention``; a 4-layer model
-alternating two plans; ranks holding different masks with the same layout fail the debug check
+alternating two plans; ranks holding different masks with the same layout fail the agreement check
 with a clear error on every rank. Each launch runs under a subprocess timeout.
 """
 
@@ -56,7 +56,7 @@ def test_alternating_plans_one_leaving_ranks_idle(results):
             assert r[key] < CHAIN_TOL, f"P={p} rank {r['rank']}: {key} rel err {r[key]:.2e}"
 
 
-def test_different_masks_fail_the_debug_check_on_every_rank(results):
+def test_different_masks_fail_the_agreement_check_on_every_rank(results):
     p, res = results
     rows = _case(res, "disagreeing_masks")
     assert len(rows) == p

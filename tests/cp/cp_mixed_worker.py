@@ -5,7 +5,7 @@ launched by tests/test_cp_mixed.py with
 Cases (S = 384, segments of 32): real documents then a padding tail that no query sees; one
 document then a tail where every row sees only its own key; a 4-layer model alternating two plans
 of ``make_cp_plans``, one of which leaves ranks idle; and ranks holding different masks with the
-same layout under the debug agreement check. Writes OUT_DIR/rank{r}.json; assertions are in the
+same layout under the agreement check (always on). Writes OUT_DIR/rank{r}.json; assertions are in the
 pytest file, exceptions are recorded (tests/cp/cp_cases.py).
 """
 
@@ -97,7 +97,7 @@ def disagreeing_masks():
         results.append({"case": "disagreeing_masks", "P": P, "rank": RANK, "same_layout": same, "message": str(e)})
         return
     results.append({"case": "disagreeing_masks", "P": P, "rank": RANK, "same_layout": same,
-                    "error": "make_cp_plan(debug=True) accepted different masks on different ranks"})
+                    "error": "make_cp_plan accepted different masks on different ranks"})
 
 
 guarded(results, "disagreeing_masks", disagreeing_masks)
