@@ -59,15 +59,15 @@ def _register_ops() -> None:
     names the op, and Paddle looks it up in the registry when the program is loaded, so it must be
     there before any call of ours (without it ``paddle.jit.load`` crashes and a predictor raises
     ``PreconditionNotMet: op [] kernel output args (0) defs should equal op outputs (2)``). Without
-    Paddle, or with the ops not built (the source tree), nothing is loaded and the Paddle-facing
-    names say why on first use."""
+    Paddle, or when the ops do not load (not built, as in the source tree), the numpy-only modules
+    still import and the Paddle-facing names say why on first use."""
     try:
         import paddle  # noqa: F401, PLC0415
     except ImportError:
         return
     try:
         from . import _ops  # noqa: F401, PLC0415
-    except ImportError:
+    except Exception:  # noqa: BLE001 - not built, or built for another Paddle: the first use raises it again
         return
 
 
