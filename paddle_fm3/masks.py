@@ -30,7 +30,8 @@ where ``True`` means *visible* (the query row may attend to the key column).
 This module gathers the public names of the modules that hold them, by role:
 :mod:`paddle_fm3.mask_semantics` (the container, validation, the normalizer mirroring
 ``fm3::load_column``, dense conversion, density), :mod:`paddle_fm3.mask_builders` (the family
-builders, ``window_to_startend``) and :mod:`paddle_fm3.testing` (the randomized ``FAMILIES``).
+builders, ``window_to_startend``) and :mod:`paddle_fm3.mask_samples` (``FAMILIES``: a random instance of
+each family).
 All import nothing but numpy at module level (the GPU test machine has no Paddle).
 """
 
@@ -41,7 +42,7 @@ from .mask_builders import (causal, causal_blockwise, causal_document, causal_do
                             global_sliding_window, prefix_lm_causal, prefix_lm_document, qk_sparse, random_eviction,
                             share_question, sliding_window, window_to_startend)
 from .mask_semantics import FlashMask, column_bounds, density, from_dense, to_dense, validate_startend_row_indices
-from .testing import FAMILIES
+from .mask_samples import FAMILIES
 
 __all__ = [
     "FlashMask",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create (or reuse) a virtualenv with Paddle (CPU) and the dev tools, and
+# Create (or reuse) a virtualenv with Paddle (CPU), the test tools and the main job's extra, and
 # build + install paddle_fm3 into it. Sourced by run_tests.sh and run_main.sh.
 #
 # pip runs only when something it would act on changed: a stamp in the venv holds a hash of the
@@ -10,7 +10,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${FM3_VENV:-$ROOT/.venv}"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "paddle_fm3: creating the virtualenv $VENV" >&2
+  python3 -m venv "$VENV"
+fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 STAMP="$VENV/.paddle_fm3_install_stamp"
@@ -43,8 +46,14 @@ if [ "${FM3_REINSTALL:-0}" != 1 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$
   echo "paddle_fm3: installed copy is up to date (no pip run; FM3_REINSTALL=1 forces one)" >&2
 else
   rm -f "$STAMP"
+  echo "paddle_fm3: installing $(grep -m1 '^paddlepaddle' "$ROOT/requirements.txt" || echo Paddle) (CPU) and the" \
+       "build, test and main-job packages into $VENV," \
+       "then building paddle_fm3 (the first time: about 3 minutes, quiet; later runs skip this while the" \
+       "sources are unchanged)" >&2
   python -m pip install -q -r "$ROOT/requirements.txt" -r "$ROOT/requirements-build.txt"
-  # The README's install command, with the test dependencies and PaddleFormers (pyproject.toml's extras).
-  python -m pip install -q --no-build-isolation "$ROOT[dev,paddleformers]"
+  # The README's install command, with pyproject.toml's extras: the test tools, the main job's
+  # (tqdm, matplotlib) and PaddleFormers.
+  python -m pip install -q --no-build-isolation "$ROOT[dev,train,paddleformers]"
+  echo "paddle_fm3: installed into $VENV" >&2
   fm3_install_hash >"$STAMP"
 fi

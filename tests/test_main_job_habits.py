@@ -1,6 +1,7 @@
-"""The main job's habits: scripts/train.py draws its progress bar only on a terminal, a plain install
-brings what it imports, and scripts/setup_env.sh (sourced by run_main.sh and run_tests.sh) runs pip
-only when a build input changed."""
+"""The main job's habits: examples/train_packed_lm.py draws its progress bar only on a terminal, its
+`train` extra (not the package) brings what it imports beyond Paddle and paddle_fm3, `--help` answers
+without Paddle or any set-up, and scripts/setup_env.sh (sourced by run_main.sh and run_tests.sh) says
+what it does before pip and runs pip only when a build input changed."""
 
 import importlib.metadata
 import importlib.util
@@ -14,7 +15,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TRAIN = ROOT / "scripts" / "train.py"
+TRAIN = ROOT / "examples" / "train_packed_lm.py"
 
 
 class Stream:
@@ -53,10 +54,33 @@ def test_piped_run_prints_step_lines_and_no_bar(tmp_path):
     assert "train:" not in out and "step/s" not in out and "s/step" not in out, out[-2000:]
 
 
-def test_plain_install_brings_tqdm():
+def test_main_job_needs_are_its_extra_not_the_package():
     requires = importlib.metadata.requires("paddle_fm3") or []
-    plain = [re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in requires if "extra ==" not in r]
-    assert "tqdm" in plain, requires
+    name = lambda r: re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower()  # noqa: E731
+    plain = [name(r) for r in requires if "extra ==" not in r]
+    train = [name(r) for r in requires if 'extra == "train"' in r]
+    assert not {"tqdm", "matplotlib"} & set(plain), requires
+    assert {"tqdm", "matplotlib"} <= set(train), requires
+
+
+def test_help_needs_no_paddle_and_no_set_up(tmp_path):
+    """`run_main.sh --help` answers before setup_env.sh: with the system python3, even where numpy and
+    Paddle are not importable; the venv is not created."""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    for mod in ("numpy", "paddle", "tqdm"):
+        (blocker / f"{mod}.py").write_text(f"raise ImportError('{mod} blocked by the test')\n")
+    env = dict(os.environ, PYTHONPATH=str(blocker), FM3_VENV=str(tmp_path / "venv"))
+    for flag in ("--help", "-h"):
+        proc = subprocess.run(["bash", str(ROOT / "scripts" / "run_main.sh"), "--steps", "3", flag], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "--resume" in proc.stdout and "--mask" in proc.stdout, proc.stdout[-2000:]
+        assert "paddle_fm3:" not in proc.stderr, proc.stderr  # setup_env.sh did not run
+    assert not (tmp_path / "venv").exists()
+    bad = subprocess.run([sys.executable, str(TRAIN), "--steps", "0"], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--steps must be >= 1" in bad.stderr, bad.stderr[-2000:]  # before numpy too
 
 
 # ---------------------------------------------------------------------------
@@ -93,7 +117,10 @@ def pip_runs(root, venv, log, **env):
     proc = subprocess.run(["bash", str(root / "scripts" / "setup_env.sh")], env=full, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return (log.read_text().count("\n") if log.exists() else 0) - before
+    runs = (log.read_text().count("\n") if log.exists() else 0) - before
+    # A run that installs says so before pip starts (a fresh one is quiet for minutes otherwise).
+    assert ("paddle_fm3: installing" in proc.stderr) == (runs > 0), proc.stderr[-3000:]
+    return runs
 
 
 def test_setup_env_runs_pip_only_when_a_build_input_changed(tmp_path):

@@ -1,7 +1,7 @@
 """The main job's checkpoints and --resume (issue 45, items 1-3): a damaged, interrupted or mismatched
 checkpoint is found and named in a one-line error, never trained on; an interrupted save is recovered;
 a run that died after its last checkpoint can be finished; the dense comparison is skipped where it
-would not fit in memory. Tiny CPU runs of scripts/train.py (a few seconds each)."""
+would not fit in memory. Tiny CPU runs of examples/train_packed_lm.py (a few seconds each)."""
 
 import hashlib
 import importlib.util
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TRAIN = ROOT / "scripts" / "train.py"
+TRAIN = ROOT / "examples" / "train_packed_lm.py"
 QUICK = ["--seq-len", "64", "--batch-size", "2", "--n-layers", "1", "--d-model", "32", "--max-doc-len", "100",
          "--eval-rows", "0", "--samples", "0", "--no-progress", "--checkpoint-every", "0", "--threads", "1"]
 

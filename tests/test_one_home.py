@@ -174,7 +174,7 @@ def test_rule_copies_pattern_finds_the_homes():
 
 
 def test_shape_rules_have_one_home_per_language():
-    sources = [p for top in ("ops", "paddle_fm3", "scripts") for p in (ROOT / top).rglob("*")
+    sources = [p for top in ("ops", "paddle_fm3", "scripts", "tools", "examples") for p in (ROOT / top).rglob("*")
                if p.suffix in (".h", ".cc", ".cu", ".cuh", ".py") and "__pycache__" not in p.parts]
     assert len(sources) > 40
     copies = []

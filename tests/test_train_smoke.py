@@ -1,4 +1,4 @@
-"""Smoke tests of the main job, scripts/train.py: tiny settings, --check, as a subprocess."""
+"""Smoke tests of the main job, examples/train_packed_lm.py: tiny settings, --check, as a subprocess."""
 
 import csv
 import importlib.util
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TRAIN = ROOT / "scripts" / "train.py"
+TRAIN = ROOT / "examples" / "train_packed_lm.py"
 TINY = ["--steps", "3", "--seq-len", "128", "--batch-size", "2", "--n-layers", "2", "--d-model", "64",
         "--max-doc-len", "200", "--eval-rows", "4", "--check", "--no-progress"]
 
@@ -23,7 +23,7 @@ def run_train(run_dir, *extra, timeout=120):
     proc = subprocess.run([sys.executable, str(TRAIN), *TINY, "--run-dir", str(run_dir), *extra], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"train.py exited {proc.returncode}:\n{out[-4000:]}"
+    assert proc.returncode == 0, f"train_packed_lm.py exited {proc.returncode}:\n{out[-4000:]}"
     return out
 
 

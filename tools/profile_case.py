@@ -4,7 +4,7 @@ FlexAttention (FLASH or Triton backend), forward or backward, one mask family. R
 (the first ones warm up and compile), so `ncu --launch-skip` can pick a warm one:
 
     ncu --clock-control none --kernel-name regex:flash_bwd_wgmma --launch-skip 2 --launch-count 1 \\
-        --set full --import-source yes -o $OUT/ours python3 scripts/profile_case.py --impl fm3 --bwd
+        --set full --import-source yes -o $OUT/ours python3 tools/profile_case.py --impl fm3 --bwd
 
 --kernel-times also prints every kernel's GPU time per call; --compare fm3,flex_flash instead times the
 implementations in alternating rounds in one process, each call's event time beside its kernels' time

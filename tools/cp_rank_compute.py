@@ -29,8 +29,8 @@ the measured times and the predicted max/mean of pairs (the load model of ``simu
 Before timing, a correctness check at ``--check-seqlen``/``--check-ranks``: the ranks' outputs,
 LSE and gradients, put back into global order, against one full-sequence kernel call.
 
-    PYTHONPATH=. python3 scripts/cp_rank_compute.py --out cp_rank_compute.json     # H200: ~1-2 min
-    PYTHONPATH=. python3 scripts/cp_rank_compute.py --plan-only                    # CPU: inputs only
+    PYTHONPATH=. python3 tools/cp_rank_compute.py --out cp_rank_compute.json     # H200: ~1-2 min
+    PYTHONPATH=. python3 tools/cp_rank_compute.py --plan-only                    # CPU: inputs only
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Plot the recorded benchmark tables (markdown) as PNGs for BENCHMARKS.md.
 
 Reads the tables that the benchmark scripts wrote -- BENCHMARKS.md (Hopper forward and
-backward, from scripts/bench_attention.py on the device) and docs/cp_simulation.md (from
-scripts/simulate_cp.py) -- and draws:
+backward, from tools/bench_attention.py on the device) and docs/cp_simulation.md (from
+tools/simulate_cp.py) -- and draws:
 
 - docs/gpu_forward_d128_s32k.png: TFLOP/s per mask family, fm3 vs FlexAttention (and cuDNN);
 - docs/gpu_backward_d128_s32k.png: the same for the backward, where recorded;
@@ -10,7 +10,7 @@ scripts/simulate_cp.py) -- and draws:
 - docs/gpu_vs_flex_flash.png: ours over FlexAttention-FLASH (FlashAttention-4) per family, one panel
   per (forward/backward, head_dim, S), from the raw rows docs/bench/{fwd,bwd}_vs_peers.json.
 
-Usage: python scripts/plot_benchmarks.py [--gpu BENCHMARKS.md] [--cp docs/cp_simulation.md] [--out docs]
+Usage: python tools/plot_benchmarks.py [--gpu BENCHMARKS.md] [--cp docs/cp_simulation.md] [--out docs]
 """
 
 from __future__ import annotations

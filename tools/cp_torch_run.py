@@ -4,8 +4,8 @@
 Launch with torchrun, one process per GPU (no Paddle needed; the Hopper kernels through the built
 ``paddle_fm3.kernels``)::
 
-    torchrun --nproc_per_node 8 scripts/cp_torch_run.py --out cp_nccl.json     # 8 H200s, NCCL: ~1-2 min
-    torchrun --nproc_per_node 2 scripts/cp_torch_run.py --backend reference \\
+    torchrun --nproc_per_node 8 tools/cp_torch_run.py --out cp_nccl.json     # 8 H200s, NCCL: ~1-2 min
+    torchrun --nproc_per_node 2 tools/cp_torch_run.py --backend reference \\
         --dist-backend gloo --seqlens 1024 --check-seqlen 1024 --heads 2 --head-dim 32  # CPU, logic only
 
 Every rank builds the same global ``q, k, v, dout`` (batch 1; same seed, then broadcast from rank
@@ -538,7 +538,7 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     if "WORLD_SIZE" not in os.environ or "LOCAL_RANK" not in os.environ:
         ap.error("launch with torchrun (WORLD_SIZE / LOCAL_RANK not set), e.g. "
-                 "torchrun --nproc_per_node 2 scripts/cp_torch_run.py")
+                 "torchrun --nproc_per_node 2 tools/cp_torch_run.py")
     world = int(os.environ["WORLD_SIZE"])
     if world < 2:
         ap.error(f"needs at least 2 processes (a CP group), got WORLD_SIZE={world}")

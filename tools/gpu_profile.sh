@@ -3,8 +3,8 @@
 # side by side, into $OUT: per-kernel summaries (duration, tensor-pipe instructions, executed
 # instructions, warps active, local-memory (spill) requests, registers), and each one's per-SASS-line
 # source view (executed instructions and stall samples per line), summed per opcode side by side by
-# scripts/sass_mix.py into $OUT/sass_mix.md.
-#   PROFILE_ARGS="--bwd --family full --seqlen 8192" [PROFILE_IMPLS="fm3 flex_flash"] scripts/gpu_profile.sh
+# tools/sass_mix.py into $OUT/sass_mix.md.
+#   PROFILE_ARGS="--bwd --family full --seqlen 8192" [PROFILE_IMPLS="fm3 flex_flash"] tools/gpu_profile.sh
 # Needs ncu; Flex FLASH needs FM3_EXTRA_SITE (../shared/tools/fa4_anchor.sh). LIB_DIR as gpu_run.sh.
 # The Flex FLASH side matches FlashAttention-4's main kernels by name (FlashAttention{Backward,Forward}Sm90);
 # it has not yet run since bench_attention's mask_mods were fixed for the FLASH backend.
@@ -17,18 +17,18 @@ for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
   name=$([ $impl = fm3 ] && echo "$OURS" || echo "$PEER")
   timeout 300 ncu --clock-control none --kernel-name "$name" --launch-skip 2 --launch-count 1 \
     --metrics "$METRICS" \
-    ${NCU_EXTRA:-} python3 scripts/profile_case.py --impl $impl $ARGS > "$OUT/ncu_$impl.txt" 2>&1
+    ${NCU_EXTRA:-} python3 tools/profile_case.py --impl $impl $ARGS > "$OUT/ncu_$impl.txt" 2>&1
   echo "== $impl rc=$?"; grep -E "flash|Flash|kernel|duration|gmma|inst_executed|local_op|registers|warps_active" "$OUT/ncu_$impl.txt" | cut -c1-400 | head -20
 done
-# Per SASS line (executed instructions, stalls), each implementation; scripts/sass_mix.py sums them
+# Per SASS line (executed instructions, stalls), each implementation; tools/sass_mix.py sums them
 # per opcode side by side.
 for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
   name=$([ $impl = fm3 ] && echo "$OURS" || echo "$PEER")
   timeout 300 ncu --clock-control none --kernel-name "$name" --launch-skip 2 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --import-source yes -o "$OUT/$impl" -f \
-    python3 scripts/profile_case.py --impl $impl $ARGS > "$OUT/ncu_src_$impl.log" 2>&1
+    python3 tools/profile_case.py --impl $impl $ARGS > "$OUT/ncu_src_$impl.log" 2>&1
   ncu --import "$OUT/$impl.ncu-rep" --page source --csv --print-source sass > "$OUT/${impl}_sass.csv" 2> "$OUT/${impl}_sass.err"
   echo "source view $impl rc=$? lines=$(wc -l < "$OUT/${impl}_sass.csv")"; head -c 600 "$OUT/${impl}_sass.err"
   gzip -f "$OUT/${impl}_sass.csv"; rm -f "$OUT/$impl.ncu-rep"
 done
-python3 scripts/sass_mix.py $(for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do echo "$OUT/${impl}_sass.csv.gz"; done) | tee "$OUT/sass_mix.md"
+python3 tools/sass_mix.py $(for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do echo "$OUT/${impl}_sass.csv.gz"; done) | tee "$OUT/sass_mix.md"

@@ -9,7 +9,7 @@ gradient; FlashAttention-4: autograd, the sink's gradient included). Each implem
 alone (CUDA events, median of --rep), the implementations of a row in --rounds alternating rounds.
 TFLOP/s count visible pairs (backward 2.5x the forward's FLOPs). Rows as JSON with --out.
 
-    python3 scripts/bench_sinks.py --seqlens 8192,32768 --total-tokens 32768 [--bwd] --out rows.json
+    python3 tools/bench_sinks.py --seqlens 8192,32768 --total-tokens 32768 [--bwd] --out rows.json
 """
 import argparse
 import json

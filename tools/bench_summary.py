@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Worst ratio of ours over each peer, per (head dim, sequence length, family), across the rows of
-scripts/bench_attention.py runs (JSON files from --out; typically --random-params seeds), so that a
+tools/bench_attention.py runs (JSON files from --out; typically --random-params seeds), so that a
 claim holds on every drawn instance and not only on one.
 
-    python3 scripts/bench_summary.py fwd_rows.json [more.json ...] [--peers fastest,fa4]
+    python3 tools/bench_summary.py fwd_rows.json [more.json ...] [--peers fastest,fa4]
 
 Prints one line per group and peer ("fastest": each row's fastest peer, the ratio a claim is made
 against): the worst (smallest) ours / peer TFLOP/s, the seed and density of

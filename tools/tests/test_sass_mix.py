@@ -1,10 +1,10 @@
-"""scripts/sass_mix.py: per-opcode sums of ncu's SASS source page, normalized per HGMMA."""
+"""tools/sass_mix.py: per-opcode sums of ncu's SASS source page, normalized per HGMMA."""
 import gzip
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sass_mix.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "sass_mix.py"
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
           '"# Samples","Instructions Executed"')
 

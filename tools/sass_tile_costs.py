@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """Per-tile against per-block costs of one kernel, from two ncu source views of the same binary
-(scripts/gpu_profile.sh, `*_sass.csv.gz`) on problems with the same number of tiles and different
+(tools/gpu_profile.sh, `*_sass.csv.gz`) on problems with the same number of tiles and different
 numbers of key blocks per tile (e.g. full and causal at one length: causal runs about half the
 blocks). A SASS line whose executed count scales with the blocks is loop code; one whose count stays
 is per-tile code (set-up, the pipeline's first and last block, the epilogue). Prints, per kernel
 role (the code between two EXITs) and class, the stall samples of each profile and their share, then
 the runs of per-tile lines that hold the most samples.
 
-    scripts/sass_tile_costs.py full/fm3_sass.csv.gz causal/fm3_sass.csv.gz [--top 12]
+    tools/sass_tile_costs.py full/fm3_sass.csv.gz causal/fm3_sass.csv.gz [--top 12]
 """
 import argparse
 import re
 
-from sass_mix import read_source_page  # scripts/: the directory of this script is on sys.path
+from sass_mix import read_source_page  # tools/: the directory of this script is on sys.path
 
 
 def read_lines(path):

@@ -17,14 +17,17 @@ checking its files' sha256, its tensors and that the data and arguments are the 
 compared with Paddle's dense-mask attention: time and mask memory; skipped where it would not fit
 in memory).
 
-Examples::
+Run it as ``bash scripts/run_main.sh [OPTIONS]`` (which sets up ``.venv`` first), or with
+``python examples/train_packed_lm.py [OPTIONS]`` where paddle_fm3 is installed with the main job's
+extra (``pip install --no-build-isolation ".[train]"``: tqdm for the progress bar, matplotlib for
+loss.png). Examples::
 
-    python scripts/train.py                         # defaults: ~2-3 min on 2 CPU cores
-    python scripts/train.py --check                 # + one-step check against Paddle's dense SDPA
-    python scripts/train.py --mask share-question --steps 100
-    python scripts/train.py --data corpus.jsonl --text-field content --seq-len 1024
-    python scripts/train.py --run-dir runs/a --steps 300 --resume   # continue runs/a to step 300
-    python scripts/train.py --model llama           # a PaddleFormers Llama through the integration
+    python examples/train_packed_lm.py               # defaults: ~3 min on 2 CPU cores
+    python examples/train_packed_lm.py --check       # + one-step check against Paddle's dense SDPA
+    python examples/train_packed_lm.py --mask share-question --steps 100
+    python examples/train_packed_lm.py --data corpus.jsonl --text-field content --seq-len 1024
+    python examples/train_packed_lm.py --run-dir runs/a --steps 300 --resume   # continue runs/a to step 300
+    python examples/train_packed_lm.py --model llama # a PaddleFormers Llama through the integration
 """
 
 from __future__ import annotations
@@ -43,25 +46,8 @@ import sysconfig
 import time
 from typing import List, NamedTuple, Optional
 
-import numpy as np
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if importlib.util.find_spec("paddle_fm3") is None:  # not installed: use this checkout
-    sys.path.insert(0, str(ROOT))
-
-import paddle  # noqa: E402
-import paddle.nn as nn  # noqa: E402
-import paddle.nn.functional as F  # noqa: E402
-try:
-    from tqdm import tqdm  # noqa: E402
-except ImportError:  # a dependency of paddle_fm3; missing where the package was installed without its dependencies
-    sys.exit("scripts/train.py needs tqdm for its progress bar: pip install tqdm")
-
-import paddle_fm3  # noqa: E402
-from paddle_fm3 import masks, reference  # noqa: E402
-
-IGNORE = -100
-VOCAB = 256  # byte-level tokens
+# The options come first: --help and argument errors answer before numpy and Paddle load
+# (`bash scripts/run_main.sh --help` runs this with the system python3, before any set-up).
 
 MASK_HELP = """\
 how documents are packed and masked (default: causal-document).
@@ -79,6 +65,123 @@ how documents are packed and masked (default: causal-document).
                      target is visible to them (that would be copying, not prediction).
 In every mode the loss ignores positions whose next token lies in another document / answer."""
 
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawTextHelpFormatter)
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default=None,
+                   help="a folder (every file in it, .jsonl included, is one plain-text document) or a\n"
+                        ".jsonl file (one JSON object per line); default: the Python stdlib's *.py sources")
+    g.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
+    g.add_argument("--skip-bad", action="store_true",
+                   help="skip (and count) files that are not UTF-8 text and malformed JSONL lines;\n"
+                        "default: stop with an error naming the file and line")
+    g.add_argument("--max-doc-len", type=int, default=1024,
+                   help="keep the first N bytes of each document, 0 = whole documents (default: 1024;\n"
+                        "stdlib files have a median of ~6.5 KB, so this keeps several documents per row)")
+    g.add_argument("--mask", choices=("causal-document", "share-question", "prefix-lm-document"),
+                   default="causal-document", help=MASK_HELP)
+    g.add_argument("--question-frac", type=float, default=0.25,
+                   help="share-question: fraction of each document that is the question (default 0.25)")
+    g.add_argument("--answer-len", type=int, default=96,
+                   help="share-question: tokens per answer chunk (default 96)")
+    g.add_argument("--prefix-frac", type=float, default=0.25,
+                   help="prefix-lm-document: fraction of each document that is the prefix (default 0.25)")
+    g = p.add_argument_group("model and training")
+    g.add_argument("--model", choices=("byte", "llama"), default="byte",
+                   help="byte: the built-in byte-level transformer (default); llama: a PaddleFormers\n"
+                        "LlamaForCausalLM with its attention through paddle_fm3\n"
+                        "(paddle_fm3.integrations.paddleformers; needs PaddleFormers installed)")
+    g.add_argument("--seq-len", type=int, default=512, help="tokens per packed row (default 512)")
+    g.add_argument("--batch-size", type=int, default=8, help="rows per step (default 8)")
+    g.add_argument("--steps", type=int, default=150, help="optimizer steps (default 150)")
+    g.add_argument("--d-model", type=int, default=128)
+    g.add_argument("--n-heads", type=int, default=4)
+    g.add_argument("--n-layers", type=int, default=4)
+    g.add_argument("--n-kv-heads", type=int, default=0,
+                   help="--model llama: key/value heads (GQA; must divide --n-heads; default 0 = --n-heads)")
+    g.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
+    g.add_argument("--warmup", type=int, default=15, help="linear warm-up steps, then cosine decay")
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--eval-rows", type=int, default=16,
+                   help="held-out rows (the last ones packed) scored before and after training (0 = off)")
+    g.add_argument("--seed", type=int, default=0, help="document order, init and batch order (default 0)")
+    g.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="CPU math threads for Paddle's dense ops (default: all cores)")
+    g = p.add_argument_group("run folder")
+    g.add_argument("--run-dir", default=None,
+                   help="where the run leaves metrics.csv (per step), loss.png, checkpoint/, samples.txt\n"
+                        "and summary.json (default: runs/<timestamp> in the current directory)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its newest intact checkpoint up to --steps\n"
+                        "(the total; a run that died after its last checkpoint is finished). The files\n"
+                        "must match their sha256 in state.json, and the data (compared by content) and\n"
+                        "the data, model and batch arguments the checkpoint's; the learning-rate\n"
+                        "schedule is recomputed for the new total (a warm restart)")
+    g.add_argument("--checkpoint-every", type=int, default=50,
+                   help="also save the checkpoint every N steps (0 = only at the end; default 50)")
+    g.add_argument("--samples", type=int, default=3,
+                   help="continuations to generate into samples.txt at the end (default 3; 0 = none)")
+    g.add_argument("--sample-len", type=int, default=80, help="bytes per generated continuation (default 80)")
+    g = p.add_argument_group("checking")
+    g.add_argument("--check", action="store_true",
+                   help="before training, compare one step's attention output and dq/dk/dv of every\n"
+                        "layer with paddle.nn.functional.scaled_dot_product_attention on the\n"
+                        "equivalent dense mask (masks.to_dense); exit 1 on mismatch")
+    g.add_argument("--check-rtol", type=float, default=1e-5,
+                   help="--check tolerance: max|ours-dense| / max|dense| per tensor (default 1e-5, fp32)")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no tqdm bar, a line per tenth of the run instead (the default when stdout or\n"
+                        "stderr is not a terminal)")
+    args = p.parse_args(argv)
+    for name in ("seq_len", "batch_size", "steps", "answer_len", "d_model", "n_heads", "n_layers"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.d_model % args.n_heads:
+        p.error("--d-model must be divisible by --n-heads")
+    if args.eval_rows < 0 or args.threads < 0:
+        p.error("--eval-rows and --threads must be >= 0")
+    if args.checkpoint_every < 0 or args.samples < 0 or args.sample_len < 1:
+        p.error("--checkpoint-every and --samples must be >= 0, --sample-len >= 1")
+    if args.n_kv_heads < 0 or (args.n_kv_heads and args.n_heads % args.n_kv_heads):
+        p.error("--n-kv-heads must divide --n-heads (0 = --n-heads)")
+    if not (math.isfinite(args.check_rtol) and args.check_rtol > 0):
+        p.error("--check-rtol must be a finite number > 0")
+    if not (math.isfinite(args.lr) and args.lr > 0) or not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        p.error("--lr must be a finite number > 0 and --weight-decay a finite number >= 0")
+    if not 0.0 <= args.question_frac <= 1.0 or not 0.0 <= args.prefix_frac <= 1.0:
+        p.error("--question-frac and --prefix-frac must be in [0, 1]")
+    if args.warmup < 0 or args.max_doc_len < 0:
+        p.error("--warmup and --max-doc-len must be >= 0")
+    if not 0 <= args.seed < 2**32:
+        p.error("--seed must be in [0, 2^32)")
+    return args
+
+
+if __name__ == "__main__":
+    parse_args()
+
+import numpy as np  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if importlib.util.find_spec("paddle_fm3") is None:  # not installed: use this checkout
+    sys.path.insert(0, str(ROOT))
+
+import paddle  # noqa: E402
+import paddle.nn as nn  # noqa: E402
+import paddle.nn.functional as F  # noqa: E402
+try:
+    from tqdm import tqdm  # noqa: E402
+except ImportError:  # the main job's extra, not a dependency of paddle_fm3
+    sys.exit("examples/train_packed_lm.py needs tqdm for its progress bar: pip install tqdm, or the package with "
+             "the main job's extra (pip install --no-build-isolation \".[train]\"; scripts/setup_env.sh does)")
+
+import paddle_fm3  # noqa: E402
+from paddle_fm3 import masks, reference  # noqa: E402
+
+IGNORE = -100
+VOCAB = 256  # byte-level tokens
 
 # ---------------------------------------------------------------------------
 # Data: read documents, pack them into rows
@@ -605,10 +708,10 @@ def state_problem(state) -> Optional[str]:
     files = state.get("files")
     if not (isinstance(files, dict) and sorted(files) == sorted(CHECKPOINT_FILES)
             and all(isinstance(v, str) for v in files.values())):
-        return f"no sha256 of {', '.join(CHECKPOINT_FILES)} (written by an older scripts/train.py?)"
+        return f"no sha256 of {', '.join(CHECKPOINT_FILES)} (written by an older examples/train_packed_lm.py?)"
     data = state.get("data")
     if not (isinstance(data, dict) and isinstance(data.get("sha256"), str) and type(data.get("rows")) is int):
-        return "no digest of the data (written by an older scripts/train.py?)"
+        return "no digest of the data (written by an older examples/train_packed_lm.py?)"
     return None
 
 
@@ -696,7 +799,7 @@ def load_checkpoint(run_dir: pathlib.Path, model, opt, args, data_id: dict):
             passed_over += [problem] if problem else []
     if not found and not passed_over:
         raise SystemExit(f"error: --resume: no checkpoint in {run_dir / 'checkpoint'} (a run folder of "
-                         "scripts/train.py has one)")
+                         "examples/train_packed_lm.py has one)")
     if not found:
         raise SystemExit(f"error: --resume: no usable checkpoint in {run_dir}: " + "; ".join(passed_over))
     step, folder, state = max(found, key=lambda f: f[0])  # the first of equals: checkpoint/
@@ -899,99 +1002,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return str(n)
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawTextHelpFormatter)
-    g = p.add_argument_group("data")
-    g.add_argument("--data", default=None,
-                   help="a folder (every file in it, .jsonl included, is one plain-text document) or a\n"
-                        ".jsonl file (one JSON object per line); default: the Python stdlib's *.py sources")
-    g.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
-    g.add_argument("--skip-bad", action="store_true",
-                   help="skip (and count) files that are not UTF-8 text and malformed JSONL lines;\n"
-                        "default: stop with an error naming the file and line")
-    g.add_argument("--max-doc-len", type=int, default=1024,
-                   help="keep the first N bytes of each document, 0 = whole documents (default: 1024;\n"
-                        "stdlib files have a median of ~6.5 KB, so this keeps several documents per row)")
-    g.add_argument("--mask", choices=("causal-document", "share-question", "prefix-lm-document"),
-                   default="causal-document", help=MASK_HELP)
-    g.add_argument("--question-frac", type=float, default=0.25,
-                   help="share-question: fraction of each document that is the question (default 0.25)")
-    g.add_argument("--answer-len", type=int, default=96,
-                   help="share-question: tokens per answer chunk (default 96)")
-    g.add_argument("--prefix-frac", type=float, default=0.25,
-                   help="prefix-lm-document: fraction of each document that is the prefix (default 0.25)")
-    g = p.add_argument_group("model and training")
-    g.add_argument("--model", choices=("byte", "llama"), default="byte",
-                   help="byte: the built-in byte-level transformer (default); llama: a PaddleFormers\n"
-                        "LlamaForCausalLM with its attention through paddle_fm3\n"
-                        "(paddle_fm3.integrations.paddleformers; needs PaddleFormers installed)")
-    g.add_argument("--seq-len", type=int, default=512, help="tokens per packed row (default 512)")
-    g.add_argument("--batch-size", type=int, default=8, help="rows per step (default 8)")
-    g.add_argument("--steps", type=int, default=150, help="optimizer steps (default 150)")
-    g.add_argument("--d-model", type=int, default=128)
-    g.add_argument("--n-heads", type=int, default=4)
-    g.add_argument("--n-layers", type=int, default=4)
-    g.add_argument("--n-kv-heads", type=int, default=0,
-                   help="--model llama: key/value heads (GQA; must divide --n-heads; default 0 = --n-heads)")
-    g.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (default 3e-3)")
-    g.add_argument("--warmup", type=int, default=15, help="linear warm-up steps, then cosine decay")
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--eval-rows", type=int, default=16,
-                   help="held-out rows (the last ones packed) scored before and after training (0 = off)")
-    g.add_argument("--seed", type=int, default=0, help="document order, init and batch order (default 0)")
-    g.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="CPU math threads for Paddle's dense ops (default: all cores)")
-    g = p.add_argument_group("run folder")
-    g.add_argument("--run-dir", default=None,
-                   help="where the run leaves metrics.csv (per step), loss.png, checkpoint/, samples.txt\n"
-                        "and summary.json (default: runs/<timestamp> in the current directory)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue the run in --run-dir from its newest intact checkpoint up to --steps\n"
-                        "(the total; a run that died after its last checkpoint is finished). The files\n"
-                        "must match their sha256 in state.json, and the data (compared by content) and\n"
-                        "the data, model and batch arguments the checkpoint's; the learning-rate\n"
-                        "schedule is recomputed for the new total (a warm restart)")
-    g.add_argument("--checkpoint-every", type=int, default=50,
-                   help="also save the checkpoint every N steps (0 = only at the end; default 50)")
-    g.add_argument("--samples", type=int, default=3,
-                   help="continuations to generate into samples.txt at the end (default 3; 0 = none)")
-    g.add_argument("--sample-len", type=int, default=80, help="bytes per generated continuation (default 80)")
-    g = p.add_argument_group("checking")
-    g.add_argument("--check", action="store_true",
-                   help="before training, compare one step's attention output and dq/dk/dv of every\n"
-                        "layer with paddle.nn.functional.scaled_dot_product_attention on the\n"
-                        "equivalent dense mask (masks.to_dense); exit 1 on mismatch")
-    g.add_argument("--check-rtol", type=float, default=1e-5,
-                   help="--check tolerance: max|ours-dense| / max|dense| per tensor (default 1e-5, fp32)")
-    g.add_argument("--no-progress", action="store_true",
-                   help="no tqdm bar, a line per tenth of the run instead (the default when stdout or\n"
-                        "stderr is not a terminal)")
-    args = p.parse_args(argv)
-    for name in ("seq_len", "batch_size", "steps", "answer_len", "d_model", "n_heads", "n_layers"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.d_model % args.n_heads:
-        p.error("--d-model must be divisible by --n-heads")
-    if args.eval_rows < 0 or args.threads < 0:
-        p.error("--eval-rows and --threads must be >= 0")
-    if args.checkpoint_every < 0 or args.samples < 0 or args.sample_len < 1:
-        p.error("--checkpoint-every and --samples must be >= 0, --sample-len >= 1")
-    if args.n_kv_heads < 0 or (args.n_kv_heads and args.n_heads % args.n_kv_heads):
-        p.error("--n-kv-heads must divide --n-heads (0 = --n-heads)")
-    if not (math.isfinite(args.check_rtol) and args.check_rtol > 0):
-        p.error("--check-rtol must be a finite number > 0")
-    if not (math.isfinite(args.lr) and args.lr > 0) or not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
-        p.error("--lr must be a finite number > 0 and --weight-decay a finite number >= 0")
-    if not 0.0 <= args.question_frac <= 1.0 or not 0.0 <= args.prefix_frac <= 1.0:
-        p.error("--question-frac and --prefix-frac must be in [0, 1]")
-    if args.warmup < 0 or args.max_doc_len < 0:
-        p.error("--warmup and --max-doc-len must be >= 0")
-    if not 0 <= args.seed < 2**32:
-        p.error("--seed must be in [0, 2^32)")
-    return args
 
 
 def main(argv=None) -> int:

@@ -1,11 +1,11 @@
-"""scripts/sass_tile_costs.py: stall samples split into per-block and per-tile code from two source views."""
+"""tools/sass_tile_costs.py: stall samples split into per-block and per-tile code from two source views."""
 import subprocess
 import sys
 from pathlib import Path
 
 from test_sass_mix import write_csv
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sass_tile_costs.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "sass_tile_costs.py"
 
 
 def run(*args, check=True):

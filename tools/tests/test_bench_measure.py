@@ -1,11 +1,11 @@
-"""scripts/bench_attention.py's measure(): the rounds of a row's implementations, in alternating order."""
+"""tools/bench_attention.py's measure(): the rounds of a row's implementations, in alternating order."""
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_attention.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "bench_attention.py"
 
 
 def load():

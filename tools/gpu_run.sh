@@ -5,7 +5,7 @@
 # backward cases, and the benchmarks. Logs to ${OUT:-.devout}. Each stage has a timeout, so a hang
 # shows as one and the later stages still run.
 #   TESTS="-x -q tests/gpu" BENCH="--seqlens 32768 --head-dims 128" \
-#   BENCH_BWD="--total-tokens 32768 --seqlens 32768 --head-dims 128 --rep 3" scripts/gpu_run.sh
+#   BENCH_BWD="--total-tokens 32768 --seqlens 32768 --head-dims 128 --rep 3" tools/gpu_run.sh
 # TESTS=none / SANITIZE=0 skip a stage; BENCH / BENCH_BWD unset skip the forward / backward benchmark.
 source "$(dirname "$0")/gpu_env.sh"
 LIB="${LIB_DIR:-$ROOT/.devbuild}"
@@ -35,10 +35,10 @@ if [ "${SANITIZE:-1}" = "1" ]; then
   done
 fi
 if [ -n "${BENCH:-}" ]; then
-  timeout "${BENCH_TIMEOUT:-300}" python3 scripts/bench_attention.py $BENCH --out "$OUT/bench.json" 2>&1 \
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench_attention.py $BENCH --out "$OUT/bench.json" 2>&1 \
     | tee "$OUT/bench.log" | tail -30
 fi
 if [ -n "${BENCH_BWD:-}" ]; then
-  timeout "${BENCH_TIMEOUT:-300}" python3 scripts/bench_attention.py --bwd $BENCH_BWD --out "$OUT/bwd_bench.json" 2>&1 \
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench_attention.py --bwd $BENCH_BWD --out "$OUT/bwd_bench.json" 2>&1 \
     | tee "$OUT/bwd_bench.log" | tail -20
 fi

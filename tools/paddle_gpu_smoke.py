@@ -15,7 +15,7 @@ while the first is current (the result must match the same case on the first GPU
 must stay current), and checks that inputs on two devices are refused. Prints one line per check;
 exit 1 on any failure, 2 when it cannot run here.
 
-    python scripts/paddle_gpu_smoke.py [--seqlens 1000 4096] [--head-dims 64 128] [--dtypes bf16 fp16]
+    python tools/paddle_gpu_smoke.py [--seqlens 1000 4096] [--head-dims 64 128] [--dtypes bf16 fp16]
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Randomized test fixtures (numpy only): :data:`FAMILIES`, a representative instance of each of the
-12 mask families for any sequence length, used by the tests, benchmarks and scripts."""
+"""Random instances of the mask families (numpy only): :data:`FAMILIES` maps each of the 12 families
+to a sampler of a representative, randomized instance for any sequence length, public as
+``paddle_fm3.masks.FAMILIES``: the sweeps of the tests, benchmarks and tools draw from it."""
 
 from __future__ import annotations
 

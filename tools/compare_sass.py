@@ -9,7 +9,7 @@ instruction streams (addresses and encodings left out) are identical; then the p
 --cuobjdump). Exit status 1 when a matched kernel differs in resources or instruction count, or exists
 in one build only.
 
-    scripts/compare_sass.py BEFORE_DIR AFTER_DIR [--filter REGEX]
+    tools/compare_sass.py BEFORE_DIR AFTER_DIR [--filter REGEX]
 """
 
 import argparse

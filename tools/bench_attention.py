@@ -22,13 +22,13 @@ flex_triton, cudnn and fa4 (null where a backend cannot run, with the reason und
 head_dim_v where it differs from head_dim. TFLOP/s with a value head dim D_v: 2 * B * H * (D + D_v) *
 pairs / t.
 
-    python3 scripts/bench_attention.py --seqlens 32768 --head-dims 128 --out $OUT/bench.json
+    python3 tools/bench_attention.py --seqlens 32768 --head-dims 128 --out $OUT/bench.json
 
 --bwd times the backward instead (paddle_fm3.kernels.flashmask_bwd, default and deterministic dQ;
 FlexAttention's and cuDNN SDPA's backward through autograd). Backward FLOPs are 2.5x the forward's
 (2 * B * H * (3 D + 2 D_v) * pairs: S, dP, dV, dK, dQ):
 
-    python3 scripts/bench_attention.py --bwd --total-tokens 32768 --seqlens 32768 --head-dims 128
+    python3 tools/bench_attention.py --bwd --total-tokens 32768 --seqlens 32768 --head-dims 128
 
 Each call is timed alone (events around it, synchronized after it; median of --rep) unless
 --back-to-back times --rep calls launched without synchronizing (mean: the host's per-call work then
@@ -40,13 +40,13 @@ in alternating order and reports the medians, each round's value under <name>_ro
 ratio is within a run's spread of a target).
 
 --random-params SEED [SEED ...] times every family once per seed, its parameters (document counts and
-lengths, prefix lengths, window sizes, spans, evictions: paddle_fm3.testing.FAMILIES) drawn from the
+lengths, prefix lengths, window sizes, spans, evictions: paddle_fm3.masks.FAMILIES) drawn from the
 seed and the family's name, so that a family is a distribution of instances and not the one instance
-of seed 0; each row carries its params_seed and density. scripts/bench_summary.py then gives the
+of seed 0; each row carries its params_seed and density. tools/bench_summary.py then gives the
 worst ratio over the seeds:
 
-    python3 scripts/bench_attention.py --seqlens 8192 --head-dims 128 --random-params 1 2 3 --out rows.json
-    python3 scripts/bench_summary.py rows.json
+    python3 tools/bench_attention.py --seqlens 8192 --head-dims 128 --random-params 1 2 3 --out rows.json
+    python3 tools/bench_summary.py rows.json
 """
 import argparse
 import json

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Executed-instruction mix of profiled kernels, side by side: reads the per-SASS-line CSVs that
-scripts/gpu_profile.sh writes (ncu's source page, `--print-source sass --csv`, gzip or plain) and
+tools/gpu_profile.sh writes (ncu's source page, `--print-source sass --csv`, gzip or plain) and
 prints, per opcode, the instructions executed (warp level) and the stall samples of each kernel, with
 the ratio to the first one. Normalized by HGMMA count (the same tensor work gives the same HGMMA
 count at the same tile shape), so "per HGMMA" shows what each kernel issues around its products.
 
-    scripts/sass_mix.py $OUT/fm3_sass.csv.gz $OUT/flex_flash_sass.csv.gz [--top 30] [--full-opcode]
+    tools/sass_mix.py $OUT/fm3_sass.csv.gz $OUT/flex_flash_sass.csv.gz [--top 30] [--full-opcode]
 """
 import argparse
 import collections
@@ -30,7 +30,7 @@ def read_source_page(path):
         col_smp = header.index("Warp Stall Sampling (All Samples)")
     except ValueError:
         raise SystemExit(f"{path}: no ncu source-page table (Source, Instructions Executed, Warp Stall Sampling "
-                         f"columns); make it with scripts/gpu_profile.sh") from None
+                         f"columns); make it with tools/gpu_profile.sh") from None
     rows = []
     for row in table:
         if len(row) <= max(col_src, col_exec, col_smp):

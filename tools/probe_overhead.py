@@ -4,7 +4,7 @@ bench_attention.py times it) beside the sum of its kernels' times (torch.profile
 first case. A gap between the two is time the GPU spends on something other than our kernels in the
 call (workspace mapping, launch gaps), which a kernel profile does not show.
 
-    python3 scripts/probe_overhead.py [--bwd] [--cases causal:8192,full:32768] [--head-dim 128]
+    python3 tools/probe_overhead.py [--bwd] [--cases causal:8192,full:32768] [--head-dim 128]
 """
 import argparse
 import os

@@ -2,19 +2,19 @@
 # One device call comparing kernel builds side by side: builds the DLPack module once, then for each
 # round and each build swaps its libfm3_cuda.so in (the C ABI is the same) and runs the same
 # benchmark, so every build sees the same machine and the rounds show the run-to-run spread.
-# Optionally runs the GPU tests and compute-sanitizer on some builds first (scripts/gpu_run.sh; TESTS,
+# Optionally runs the GPU tests and compute-sanitizer on some builds first (tools/gpu_run.sh; TESTS,
 # SANITIZE and its timeouts as there).
 #   BUILDS=".devbuild .vb1" [ROUNDS=2] [TEST_BUILDS=".vb1"] [TESTS="-q tests/gpu/test_flashmask_bwd_gpu.py"] \
 #   BENCH_ARGS="--bwd --total-tokens 32768 --seqlens 8192 --head-dims 128 --families full,causal --flex-backends none" \
-#   scripts/gpu_ab.sh
+#   tools/gpu_ab.sh
 # Each build folder holds a libfm3_cuda.so from scripts/gpu_build.sh (carry them, and
 # paddle_fm3/_config.py). Rows go to $OUT/<build>_r<round>.json.
 source "$(dirname "$0")/gpu_env.sh"
 read -r -a builds <<< "${BUILDS:?BUILDS: the build folders to compare}"
 use() { cp "$1/libfm3_cuda.so" paddle_fm3/kernels/libfm3_cuda.so; }
-for b in ${TEST_BUILDS:-}; do  # GPU tests and compute-sanitizer: scripts/gpu_run.sh on that build
+for b in ${TEST_BUILDS:-}; do  # GPU tests and compute-sanitizer: tools/gpu_run.sh on that build
   echo "== tests $b"
-  LIB_DIR="$b" OUT="$OUT/tests_$(basename "$b" | tr -d .)" BENCH= BENCH_BWD= scripts/gpu_run.sh
+  LIB_DIR="$b" OUT="$OUT/tests_$(basename "$b" | tr -d .)" BENCH= BENCH_BWD= tools/gpu_run.sh
 done
 scripts/build_dlpack_ext.sh "${builds[0]}" | tail -1
 for r in $(seq 1 "${ROUNDS:-2}"); do
@@ -22,7 +22,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     use "$b"
     echo "== $b round $r"
     name="$(basename "$b" | tr -d .)_r$r"
-    timeout "${BENCH_TIMEOUT:-200}" python3 scripts/bench_attention.py ${BENCH_ARGS:?BENCH_ARGS: bench_attention.py arguments} \
+    timeout "${BENCH_TIMEOUT:-200}" python3 tools/bench_attention.py ${BENCH_ARGS:?BENCH_ARGS: bench_attention.py arguments} \
       --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     grep "^| [0-9]" "$OUT/$name.log" || tail -5 "$OUT/$name.log"  # the rows, or why there are none
   done
