@@ -1,4 +1,4 @@
-"""examples/paddleformers_llama_packed.py, the README's PaddleFormers example: it runs as a file, its
+"""examples/paddleformers_llama_packed.py, the PaddleFormers example (docs/paddleformers.md): it runs as a file, its
 loss is finite, the step changes the weights, and the attention ran on paddle_fm3.
 
 Each check runs in a fresh interpreter outside the checkout (importing PaddleFormers patches Paddle
