@@ -1,6 +1,7 @@
 """Build paddle_fm3: generate the op registration from yaml/, compile the C++
 kernels and Paddle glue into paddle_fm3/_fm3_ops.so with Paddle's
-cpp_extension, and install the Python package.
+cpp_extension, and install the Python package. The sources and flags are the build
+package's (paddle_fm3_build/recipe.py), which the developer builds of the Hopper kernels share.
 
 Install (README "Install"): pip install -r requirements-build.txt, then
 pip install --no-build-isolation .   (builds against the Paddle already installed)
@@ -10,9 +11,10 @@ Environment switches:
                  1: build them even if it reports none (cross-compiling; the CI build check);
                  0: CPU kernels only.
   CUDA_HOME / CUDA_PATH, CUTLASS_INC: the CUDA toolkit and CUTLASS/CuTe headers of the CUDA
-                 build (see find_cuda_toolkit / find_cutlass_include).
+                 build (see find_cuda_toolkit, recipe.find_cutlass_include).
   FM3_NATIVE=1   compile with -march=native (not portable). Without it the CPU kernels are
                  portable and still use AVX2 / AVX-512 where the CPU has them (run-time choice).
+  FM3_NVCC_EXTRA, FM3_CU_SRCS: developer switches of the Hopper kernels' build (recipe.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ import sys
 
 from setuptools import find_packages, setup
 
+ROOT = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))  # the build package beside this file (not installed)
+from paddle_fm3_build import codegen, recipe  # noqa: E402
+
 try:
     import paddle
 except ImportError:
@@ -37,14 +43,8 @@ except ImportError:
 from paddle.utils import cpp_extension
 from paddle.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
-ROOT = pathlib.Path(__file__).resolve().parent
 GEN_DIR = ROOT / "build" / "generated"
 MIN_CUDA = (12, 3)  # wgmma / TMA / setmaxnreg for sm_90a
-
-
-def generate() -> None:
-    subprocess.check_call([sys.executable, str(ROOT / "scripts" / "gen_ops.py"), "--out-dir", str(GEN_DIR),
-                           "--py-config", str(ROOT / "paddle_fm3" / "_config.py")])
 
 
 def _is_toolkit(path: pathlib.Path) -> bool:
@@ -97,23 +97,6 @@ def find_cuda_toolkit() -> pathlib.Path:
     return toolkit
 
 
-def find_cutlass_include() -> pathlib.Path:
-    """CUTLASS/CuTe headers: $CUTLASS_INC, else those of the PyPI package nvidia-cutlass."""
-    if os.environ.get("CUTLASS_INC"):
-        inc = pathlib.Path(os.environ["CUTLASS_INC"])
-    else:
-        try:
-            import cutlass_library
-        except ImportError:
-            sys.exit("paddle_fm3: the CUDA build needs the CUTLASS/CuTe headers: pip install nvidia-cutlass "
-                     "(or set CUTLASS_INC to a CUTLASS include folder)")
-        inc = pathlib.Path(cutlass_library.__file__).parent / "source" / "include"
-    if not (inc / "cute" / "arch" / "mma_sm90_gmma.hpp").is_file():
-        sys.exit(f"paddle_fm3: no CuTe sm90 headers under {inc} (cute/arch/mma_sm90_gmma.hpp)")
-    print(f"paddle_fm3: CUTLASS/CuTe headers {inc}")
-    return inc
-
-
 def nvidia_wheel_includes() -> list[str]:
     """include/ folders of the installed nvidia-* wheels (cuDNN, cuBLAS, ... as a paddlepaddle-gpu
     install brings them), whose headers Paddle's headers include in a CUDA build."""
@@ -145,14 +128,20 @@ class BuildExt(BuildExtension.with_options(no_python_abi_suffix=True)):
                 d.rmdir()
 
 
-generate()
+def relative(sources) -> list[str]:
+    """Sources as setuptools takes them: relative to this folder (the build's working directory)."""
+    return [os.path.relpath(os.path.abspath(p), ROOT) for p in sources]
 
-# flashmask_cpu_avx2/avx512.cc: the CPU kernels again for wider x86 units, chosen at run time.
-sources = ["ops/cpu/flashmask_cpu.cc", "ops/cpu/flashmask_cpu_avx2.cc", "ops/cpu/flashmask_cpu_avx512.cc",
-           "ops/cpu/segment_workload.cc", "ops/paddle/fm3_paddle_kernels.cc",
-           str(GEN_DIR / "fm3_ops_generated.cc")]
-include_dirs = [str(ROOT / "ops" / "include"), str(ROOT / "ops" / "cpu"), str(GEN_DIR)]
-cxx_flags = ["-O3", "-fopenmp", "-std=c++17"]
+
+def paths(items) -> list[str]:
+    return [str(p) for p in dict.fromkeys(items)]  # (in order, each once)
+
+
+codegen.generate(GEN_DIR, py_config=ROOT / "paddle_fm3" / "_config.py")
+
+sources = recipe.CPU_SOURCES + recipe.PADDLE_GLUE_SOURCES + [GEN_DIR / "fm3_ops_generated.cc"]
+include_dirs = recipe.CPU_INCLUDE_DIRS + [GEN_DIR]
+cxx_flags = recipe.CXX_FLAGS + ["-fopenmp"]  # the CPU kernels' threads
 if os.environ.get("FM3_NATIVE", "0") == "1":
     cxx_flags.append("-march=native")
 
@@ -162,20 +151,21 @@ if want_cuda():
     # a wrapper or link outside the toolkit); its include and library lookups read the environment.
     os.environ["CUDA_HOME"] = str(toolkit)
     cpp_extension.cpp_extension.CUDA_HOME = str(toolkit)
+    cutlass_include = recipe.find_cutlass_include()
+    print(f"paddle_fm3: CUTLASS/CuTe headers {cutlass_include}")
     # Searched after the toolkit's own headers (-idirafter), so a toolkit that has them wins.
     wheel_includes = nvidia_wheel_includes()
     if wheel_includes:
         print(f"paddle_fm3: CUDA library headers also from the nvidia-* wheels: {', '.join(wheel_includes)}")
     ext = CUDAExtension(
-        sources=sources + [str(p) for p in sorted((ROOT / "ops" / "hopper").glob("*.cu"))],
-        include_dirs=include_dirs + [str(ROOT / "ops" / "hopper"), str(find_cutlass_include())],
+        sources=relative(sources + recipe.hopper_sources()),
+        include_dirs=paths(include_dirs + recipe.hopper_include_dirs(GEN_DIR, cutlass_include)),
         extra_compile_args={"cxx": cxx_flags + ["-DFM3_WITH_CUDA"] + [f for d in wheel_includes for f in ("-idirafter", d)],
-                            "nvcc": ["-O3", "-std=c++17", "-DFM3_WITH_CUDA",
-                                     "-gencode=arch=compute_90a,code=sm_90a"]},
+                            "nvcc": recipe.nvcc_flags()},
         extra_link_args=["-fopenmp"],
     )
 else:
-    ext = CppExtension(sources=sources, include_dirs=include_dirs,
+    ext = CppExtension(sources=relative(sources), include_dirs=paths(include_dirs),
                        extra_compile_args={"cxx": cxx_flags}, extra_link_args=["-fopenmp"])
 ext.name = "paddle_fm3._fm3_ops"
 

@@ -4,7 +4,7 @@
 #
 # pip runs only when something it would act on changed: a stamp in the venv holds a hash of the
 # requirements files, pyproject.toml, setup.py and every source file of the build (yaml/, ops/,
-# paddle_fm3/, scripts/gen_ops.py; build outputs left out), of the Python and of the build's
+# paddle_fm3/, paddle_fm3_build/; build outputs left out), of the Python and of the build's
 # environment variables. Any change there, a missing stamp or a package that no longer imports
 # reinstalls; FM3_REINSTALL=1 forces it.
 set -euo pipefail
@@ -26,9 +26,8 @@ h.update(sys.version.encode())
 for var in ("FM3_WITH_CUDA", "FM3_NATIVE", "CUDA_HOME", "CUDA_PATH", "CUTLASS_INC", "CPATH"):
     h.update(f"{var}={os.environ.get(var, '')}\n".encode())
 generated = {"paddle_fm3/_config.py", "paddle_fm3/_fm3_ops.py"}  # written by the build itself
-files = [root / n for n in ("requirements.txt", "requirements-build.txt", "pyproject.toml", "setup.py",
-                            "scripts/gen_ops.py")]
-for top in ("yaml", "ops", "paddle_fm3"):
+files = [root / n for n in ("requirements.txt", "requirements-build.txt", "pyproject.toml", "setup.py")]
+for top in ("yaml", "ops", "paddle_fm3", "paddle_fm3_build"):
     files += [p for p in (root / top).rglob("*") if p.is_file()]
 for p in sorted(set(files)):
     rel = p.relative_to(root).as_posix()

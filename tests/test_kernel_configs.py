@@ -1,17 +1,16 @@
-"""scripts/gen_ops.py's kernel-config contract (the rule: ops/hopper/kernel_rules.py): each Hopper
-config names the kernel that serves it, and a config no kernel serves correctly stops the generator
-(so the build) naming the head dim."""
+"""The code generator's kernel-config contract (paddle_fm3_build/codegen.py; the rule:
+paddle_fm3_build/kernel_rules.py): each Hopper config names the kernel that serves it, and a config no
+kernel serves correctly stops the generator (so the build) naming the head dim."""
 
 import copy
 import pathlib
-import sys
 
 import pytest
 import yaml
 
+from paddle_fm3_build import codegen  # (from the checkout: conftest.py)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import gen_ops  # noqa: E402
 
 CFG = yaml.safe_load((ROOT / "yaml" / "kernel_configs.yaml").read_text())
 
@@ -37,7 +36,7 @@ def bwd(hd, bm=64, bn=64, st=2, hdv=None):
 
 
 def test_shipped_configs_state_their_kernel():
-    cfg = gen_ops.check_kernel_configs(copy.deepcopy(CFG))
+    cfg = codegen.check_kernel_configs(copy.deepcopy(CFG))
     pairs = [(64, 64), (80, 80), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)]
     assert [(c["head_dim"], c["head_dim_v"]) for c in cfg["sm90"]] == pairs
     assert [(c["head_dim"], c["head_dim_v"]) for c in cfg["sm90_bwd"]] == pairs
@@ -48,12 +47,14 @@ def test_shipped_configs_state_their_kernel():
     assert [c["tile_dim"] for c in cfg["sm90_bwd"]] == [64, 128, 128, 128, 256, 256, 256]
     assert [(c["tile_dim"], c["tile_dim_v"]) for c in cfg["sm90"]] == [
         (64, 64), (128, 128), (128, 128), (128, 128), (192, 192), (192, 128), (256, 256)]
-    header = gen_ops.gen_config_header(cfg)
-    assert "X(64, 64, 192, 128, 3, 3, false, 1, 1)" in header and "X(128, 128, 128, 128, 2, 2, true, 1, 1)" in header
-    assert "X(96, 96, 128, 128, 2, 2, true, 1, 0)" in header  # WGMMA only
-    assert "X(192, 128, 256, 64, 64, 1, 1, 0)" in header  # the MLA backward: tile head dim 256, one stage
+    header = codegen.gen_config_header(cfg)
+    assert "{64, 64, 192, 128, 3, 3, false, true, true}," in header
+    assert "{128, 128, 128, 128, 2, 2, true, true, true}," in header
+    assert "{96, 96, 128, 128, 2, 2, true, true, false},  // head_dim 96: wgmma\n" in header  # WGMMA only
+    assert "{192, 128, 256, 64, 64, 1, true, false}," in header  # the MLA backward: tile head dim 256, one stage
+    assert "std::array<Sm90Config, 7> kSm90Configs" in header and "std::array<Sm90BwdConfig, 7> kSm90BwdConfigs" in header
     ns = {}
-    exec(gen_ops.gen_py_config(cfg), ns)  # noqa: S102 - our own generated module
+    exec(codegen.gen_py_config(cfg), ns)  # noqa: S102 - our own generated module
     assert ns["SM90_HEAD_DIMS"] == tuple(sorted(pairs))
     assert ns["HEAD_DIM_V_PAIRS"] == ((192, 128),)
 
@@ -61,32 +62,32 @@ def test_shipped_configs_state_their_kernel():
 def test_backward_at_tile_head_dim_256_is_the_wgmma_kernel_with_one_stage_only():
     cfg = copy.deepcopy(CFG)
     cfg["sm90_bwd"] = [bwd(256, st=2) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
-    assert gen_ops.check_kernel_configs(cfg)["sm90_bwd"][-1]["kernel"] == "mma_sync"  # two stages do not fit
+    assert codegen.check_kernel_configs(cfg)["sm90_bwd"][-1]["kernel"] == "mma_sync"  # two stages do not fit
     cfg["sm90_bwd"] = [bwd(192, st=2) if c == {"head_dim": 192, "block_m": 64, "block_n": 64, "stages": 1} else c
                        for c in cfg["sm90_bwd"]]
-    only_mma_sync = [c for c in gen_ops.check_kernel_configs(cfg)["sm90_bwd"] if c["head_dim_v"] == 192][0]
+    only_mma_sync = [c for c in codegen.check_kernel_configs(cfg)["sm90_bwd"] if c["head_dim_v"] == 192][0]
     assert only_mma_sync["kernel"] == "mma_sync" and only_mma_sync["tile_dim"] == 192  # no padding there
     cfg["sm90_bwd"] = [bwd(256, st=17) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
-    with pytest.raises(gen_ops.ConfigError, match=r"sm90_bwd head_dim 256: stages must be in \[1, 16\]"):
-        gen_ops.check_kernel_configs(cfg)
+    with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 256: stages must be in \[1, 16\]"):
+        codegen.check_kernel_configs(cfg)
     # 192/128 runs at tile head dim 256 too, and nothing else serves a value head dim of its own.
     cfg = copy.deepcopy(CFG)
     cfg["sm90_bwd"] = [bwd(192, st=2, hdv=128) if c.get("head_dim_v") == 128 else c for c in cfg["sm90_bwd"]]
-    with pytest.raises(gen_ops.ConfigError, match=r"sm90_bwd head_dim 192/128: no kernel serves it: the WGMMA kernel: "
+    with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 192/128: no kernel serves it: the WGMMA kernel: "
                                                   r"at tile head dim 256 .*the mma.sync kernels: head_dim_v 128 != head_dim 192"):
-        gen_ops.check_kernel_configs(cfg)
+        codegen.check_kernel_configs(cfg)
 
 
 def test_installed_config_is_the_generated_one():
     from paddle_fm3 import _config
-    cfg = gen_ops.check_kernel_configs(copy.deepcopy(CFG))
+    cfg = codegen.check_kernel_configs(copy.deepcopy(CFG))
     assert _config.SM90_CONFIGS == cfg["sm90"] and _config.SM90_BWD_CONFIGS == cfg["sm90_bwd"]
 
 
 @pytest.mark.parametrize("hd", [112, 160, 32, 48])
 def test_a_head_dim_the_templates_serve_is_one_yaml_line(hd):
     """Any multiple of 16 up to 256 is served by the WGMMA kernels (padded to 64-column sub-tiles)."""
-    cfg = gen_ops.check_kernel_configs(with_head_dim(fwd(hd), bwd(hd, bn=128 if hd <= 128 else 64,
+    cfg = codegen.check_kernel_configs(with_head_dim(fwd(hd), bwd(hd, bn=128 if hd <= 128 else 64,
                                                                  st=2 if hd <= 128 else 1)))
     assert cfg["sm90"][-1]["kernel"] == "wgmma" and cfg["sm90_bwd"][-1]["kernel"] == "wgmma"
     assert cfg["sm90"][-1]["fallback"] == (hd % 64 == 0)
@@ -94,14 +95,14 @@ def test_a_head_dim_the_templates_serve_is_one_yaml_line(hd):
 
 @pytest.mark.parametrize("hd", [72, 100, 8, 272])
 def test_head_dim_no_kernel_serves_is_rejected(hd):
-    with pytest.raises(gen_ops.ConfigError, match=rf"sm90 head_dim {hd}: head_dim {hd}: no kernel serves it; "
+    with pytest.raises(codegen.ConfigError, match=rf"sm90 head_dim {hd}: head_dim {hd}: no kernel serves it; "
                                                   r"the Hopper kernels serve multiples of 16 up to 256"):
-        gen_ops.check_kernel_configs({**with_head_dim(fwd(hd), bwd(hd)), "cpu": {**CFG["cpu"], "max_head_dim": 512}})
+        codegen.check_kernel_configs({**with_head_dim(fwd(hd), bwd(hd)), "cpu": {**CFG["cpu"], "max_head_dim": 512}})
 
 
 def test_value_head_dim_no_kernel_serves_is_rejected_naming_both():
-    with pytest.raises(gen_ops.ConfigError, match=r"sm90 head_dim 128/72: head_dim_v 72: no kernel serves it"):
-        gen_ops.check_kernel_configs(with_head_dim(fwd(128, hdv=72), bwd(128, hdv=72)))
+    with pytest.raises(codegen.ConfigError, match=r"sm90 head_dim 128/72: head_dim_v 72: no kernel serves it"):
+        codegen.check_kernel_configs(with_head_dim(fwd(128, hdv=72), bwd(128, hdv=72)))
 
 
 def test_backward_query_tile_of_128_is_the_wgmma_kernel_at_tile_head_dim_64_only():
@@ -109,19 +110,19 @@ def test_backward_query_tile_of_128_is_the_wgmma_kernel_at_tile_head_dim_64_only
     # head dim 128 its accumulators would not fit, and the mma.sync kernels take 64-row tiles only.
     cfg = copy.deepcopy(CFG)
     cfg["sm90_bwd"] = [bwd(64, bm=128, bn=128) if c["head_dim"] == 64 else c for c in cfg["sm90_bwd"]]
-    assert gen_ops.check_kernel_configs(cfg)["sm90_bwd"][0]["kernel"] == "wgmma"
+    assert codegen.check_kernel_configs(cfg)["sm90_bwd"][0]["kernel"] == "wgmma"
     cfg["sm90_bwd"] = [bwd(128, bm=128, bn=128) if c["head_dim"] == 128 else c for c in cfg["sm90_bwd"]]
-    with pytest.raises(gen_ops.ConfigError, match="sm90_bwd head_dim 128: no kernel serves it: .*block_m must be 64"):
-        gen_ops.check_kernel_configs(cfg)
+    with pytest.raises(codegen.ConfigError, match="sm90_bwd head_dim 128: no kernel serves it: .*block_m must be 64"):
+        codegen.check_kernel_configs(cfg)
 
 
 def test_every_forward_head_dim_needs_a_backward():
-    with pytest.raises(gen_ops.ConfigError, match="sm90 head_dim 160 has no sm90_bwd config"):
-        gen_ops.check_kernel_configs(with_head_dim(fwd(160), None))
-    with pytest.raises(gen_ops.ConfigError, match=r"sm90_bwd head_dim 160 has no sm90 \(forward\) config"):
-        gen_ops.check_kernel_configs(with_head_dim(None, bwd(160, st=1)))
-    with pytest.raises(gen_ops.ConfigError, match="sm90 head_dim 128/64 has no sm90_bwd config"):
-        gen_ops.check_kernel_configs(with_head_dim(fwd(128, hdv=64), None))
+    with pytest.raises(codegen.ConfigError, match="sm90 head_dim 160 has no sm90_bwd config"):
+        codegen.check_kernel_configs(with_head_dim(fwd(160), None))
+    with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 160 has no sm90 \(forward\) config"):
+        codegen.check_kernel_configs(with_head_dim(None, bwd(160, st=1)))
+    with pytest.raises(codegen.ConfigError, match="sm90 head_dim 128/64 has no sm90_bwd config"):
+        codegen.check_kernel_configs(with_head_dim(fwd(128, hdv=64), None))
 
 
 @pytest.mark.parametrize("cfg, match", [
@@ -140,8 +141,8 @@ def test_every_forward_head_dim_needs_a_backward():
     (with_head_dim(fwd(160, overlap=1), bwd(160)), "sm90 head_dim 160: intra_wg_overlap must be true or false"),
 ])
 def test_configs_no_kernel_serves_are_rejected(cfg, match):
-    with pytest.raises(gen_ops.ConfigError, match=match):
-        gen_ops.check_kernel_configs(cfg)
+    with pytest.raises(codegen.ConfigError, match=match):
+        codegen.check_kernel_configs(cfg)
 
 
 def test_generator_stops_before_writing(tmp_path):
@@ -152,5 +153,5 @@ def test_generator_stops_before_writing(tmp_path):
     (ydir / "kernel_configs.yaml").write_text(yaml.safe_dump(with_head_dim(fwd(100), bwd(100))))
     out = tmp_path / "gen"
     with pytest.raises(SystemExit, match="sm90 head_dim 100: head_dim 100: no kernel serves it"):
-        gen_ops.main(["--yaml-dir", str(ydir), "--out-dir", str(out), "--py-config", str(tmp_path / "c.py")])
+        codegen.generate(out, py_config=tmp_path / "c.py", yaml_dir=ydir)
     assert not out.exists() and not (tmp_path / "c.py").exists()

@@ -1,19 +1,16 @@
 """The registered custom ops match their YAML declarations (yaml/ops.yaml, yaml/backward.yaml)."""
 
 import pathlib
-import sys
 
 import pytest
 from paddle.base import core
 from paddle.base.framework import OpProtoHolder
 
 import paddle_fm3.api  # noqa: F401  (loads and registers the ops)
+from paddle_fm3_build import codegen  # (from the checkout: conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import gen_ops  # noqa: E402
-
-FWD, BWD = gen_ops.load_decls(ROOT / "yaml")
+FWD, BWD = codegen.load_decls(ROOT / "yaml")
 
 
 ATTR_TYPES = {"int": 0, "float": 1, "bool": 6}  # paddle framework.proto AttrType
@@ -61,7 +58,7 @@ def test_standalone_backward_op_is_the_grad_op():
 
 def test_generated_sources_are_current(tmp_path):
     """The generator is deterministic and the build used today's YAML."""
-    gen_ops.main(["--out-dir", str(tmp_path)])
+    codegen.generate(tmp_path)
     built = ROOT / "build" / "generated" / "fm3_ops_generated.cc"
     if built.exists():
         assert built.read_text() == (tmp_path / "fm3_ops_generated.cc").read_text()

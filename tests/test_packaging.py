@@ -53,9 +53,10 @@ def test_without_paddle_the_paddle_facing_names_say_what_to_install(tmp_path):
 
 def _build_copy(tmp_path: pathlib.Path) -> pathlib.Path:
     src = tmp_path / "src"
-    for rel in ("setup.py", "pyproject.toml", "README.md", "scripts/gen_ops.py", "ops/hopper/kernel_rules.py"):
+    for rel in ("setup.py", "pyproject.toml", "README.md"):
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, src / rel)
+    shutil.copytree(ROOT / "paddle_fm3_build", src / "paddle_fm3_build", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "yaml", src / "yaml")
     shutil.copytree(ROOT / "paddle_fm3", src / "paddle_fm3", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     return src

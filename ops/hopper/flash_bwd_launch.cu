@@ -4,11 +4,12 @@
 // also clears the accumulator) -> main kernel -> dQ conversion (the mma.sync fallback: the
 // row-parallel dQ pass when deterministic), and the learnable sink's gradient after the preprocess,
 // with the tile config generated from yaml/kernel_configs.yaml
-// (FM3_SM90_BWD_CONFIGS). C ABI: fm3_cuda_bwd (fm3_cuda.h).
+// (kSm90BwdConfigs, fm3_generated_config.h). C ABI: fm3_cuda_bwd (fm3_cuda.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,31 +20,10 @@
 #include "workspace.h"
 #include "fm3_generated_config.h"
 
-namespace fm3::hopper::bwd {
+namespace fm3::hopper {
 namespace {
 
-int bwd_block_n(int head_dim, int head_dim_v) {
-#define FM3_X(hd, hdv, tile, bm, bn, st, wgmma, fallback) \
-  if (head_dim == hd && head_dim_v == hdv) return bn;
-  FM3_SM90_BWD_CONFIGS(FM3_X)
-#undef FM3_X
-  return 0;
-}
-
-// The head dim of the kernels' tiles and of the dQ accumulator's rows (kernel_rules.py, serve_bwd):
-// the WGMMA kernel's padded one. Where the mma.sync fallback runs instead, its accumulator rows of
-// head_dim floats fit inside the rows cleared and allocated at this width.
-int bwd_tile_dim(int head_dim, int head_dim_v) {
-#define FM3_X(hd, hdv, tile, bm, bn, st, wgmma, fallback) \
-  if (head_dim == hd && head_dim_v == hdv) return tile;
-  FM3_SM90_BWD_CONFIGS(FM3_X)
-#undef FM3_X
-  return 0;
-}
-
-// The mma.sync kernels' warp layouts take 64 query rows, whatever block_m the config gives the
-// WGMMA kernel (mma_sync/bwd_kernel.cuh, BwdMmaSyncTraits).
-constexpr int kMmaSyncBlockM = 64;
+using namespace bwd;  // BwdArgs (attn_args.h) and the kernels around the main pass (bwd/common.cuh)
 
 // dq = softmax_scale * dq_accum (rows of TD floats, the first D of them dQ's columns) from the
 // tile-blocked accumulator of the WGMMA kernel.
@@ -60,17 +40,20 @@ int launch_dq_tiled(const BwdArgs& args, cudaStream_t stream, char* err, size_t 
 // The mma.sync column-parallel kernel, then dq = softmax_scale * dq_accum from its row-major
 // accumulator, or the row-parallel deterministic dQ pass.
 template <typename T, int D, int BM, int BN>
-int launch(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
-  using Tr = BwdMmaSyncTraits<T, D, BM, BN>;
+int launch_mma_sync(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
+  using Tr = mma_sync::BwdMmaSyncTraits<T, D, BM, BN>;
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
-  auto col = deterministic ? flash_bwd_kernel<T, D, BM, BN, false> : flash_bwd_kernel<T, D, BM, BN, true>;
-  FM3_CUDA_CHECK(cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
+  auto col = deterministic ? mma_sync::flash_bwd_mma_sync_kernel<T, D, BM, BN, false>
+                           : mma_sync::flash_bwd_mma_sync_kernel<T, D, BM, BN, true>;
+  FM3_CUDA_CHECK(
+      cudaFuncSetAttribute(col, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kColSmem)));
   col<<<dim3(n_kblocks, args.num_heads_k, args.batch), Tr::kThreads, Tr::kColSmem, stream>>>(args);
   FM3_CUDA_CHECK(cudaGetLastError());
   if (deterministic) {
     const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
-    auto row = flash_bwd_dq_kernel<T, D, BM, BN>;
-    FM3_CUDA_CHECK(cudaFuncSetAttribute(row, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kRowSmem)));
+    auto row = mma_sync::flash_bwd_dq_mma_sync_kernel<T, D, BM, BN>;
+    FM3_CUDA_CHECK(
+        cudaFuncSetAttribute(row, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::kRowSmem)));
     row<<<dim3(n_mtiles, args.num_heads, args.batch), Tr::kThreads, Tr::kRowSmem, stream>>>(args);
   } else {
     const int64_t n = static_cast<int64_t>(args.batch) * args.num_heads * args.seqlen_q * (D / 8);
@@ -100,7 +83,7 @@ int launch_sink_grad(const BwdArgs& args, const float* lse, cudaStream_t stream,
 }
 
 // The warp-specialized TMA + WGMMA kernel, for the configs the generator marks wgmma
-// (ops/hopper/kernel_rules.py, serve_bwd) unless FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernel
+// (paddle_fm3_build/kernel_rules.py, serve_bwd) unless FM3_BWD_KERNEL=mma_sync asks for the mma.sync kernel
 // (read per call, so a test can switch paths in-process). Returns -1 when not applicable (a
 // layout TMA cannot describe).
 
@@ -139,11 +122,13 @@ int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err
   return launch_dq_tiled<T, TD, D>(args, stream, err, err_len);
 }
 
-// The mma.sync kernels where the config has them (fallback); else the reason the WGMMA kernel did not run.
+// The mma.sync kernels where the config has them (fallback), on tiles of kMmaSyncBlockMBwd query rows
+// (their warp layouts) whatever block_m the config gives the WGMMA kernel; else the reason the WGMMA
+// kernel did not run.
 template <typename T, int D, int BN, bool kFallback>
 int launch_fallback(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
   if constexpr (kFallback) {
-    return launch<T, D, kMmaSyncBlockM, BN>(args, deterministic, stream, err, err_len);
+    return launch_mma_sync<T, D, kMmaSyncBlockMBwd, BN>(args, deterministic, stream, err, err_len);
   } else {
     return fail(err, err_len,
                 "head_dim %d / head_dim_v %d runs on the WGMMA backward only (the mma.sync kernels serve equal head "
@@ -154,35 +139,38 @@ int launch_fallback(const BwdArgs& args, bool deterministic, cudaStream_t stream
   }
 }
 
-template <typename T>
-int dispatch(const BwdArgs& args, bool deterministic, const void* out, const float* lse, cudaStream_t stream,
-             char* err, size_t err_len) {
-#define FM3_X(hd, hdv, tile, bm, bn, st, wgmma, fallback)                                                       \
-  if (args.head_dim == hd && args.head_dim_v == hdv) {                                                          \
-    const int64_t rows = static_cast<int64_t>(args.batch) * args.num_heads * args.lse_stride;                   \
-    constexpr int64_t kRowsPerBlock = 8 * (32 / kPrepLanesPerRow<hdv>);                                        \
-    bwd_preprocess_kernel<T, tile, hdv><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),  \
-                                           256, 0, stream>>>(                                                   \
-        static_cast<const T*>(out), static_cast<const T*>(args.dout), lse, const_cast<float*>(args.delta),     \
-        const_cast<float*>(args.lse2), args.dq_accum, args.o_bs, args.o_rs, args.o_hs, args.num_heads,          \
-        args.seqlen_q, args.lse_stride, rows);                                                                  \
-    FM3_CUDA_CHECK(cudaGetLastError());                                                                          \
-    if (args.dlearnable_sink != nullptr && launch_sink_grad(args, lse, stream, err, err_len) != 0) return 1;    \
-    if constexpr (wgmma) {                                                                                      \
-      const int rc = launch_wgmma<T, tile, hd, hdv, bm, bn, st>(args, stream, err, err_len);           \
-      if (rc >= 0) return rc;                                                                                   \
-    }                                                                                                           \
-    return launch_fallback<T, hd, bn, fallback>(args, deterministic, stream, err, err_len);                     \
+// The kernels of config row I of kSm90BwdConfigs, instantiated with its values, when cfg is that row;
+// else the next row's.
+template <typename T, size_t I = 0>
+int dispatch(const Sm90BwdConfig* cfg, const BwdArgs& args, bool deterministic, const void* out, const float* lse,
+             cudaStream_t stream, char* err, size_t err_len) {
+  if constexpr (I == kSm90BwdConfigs.size()) {
+    return fail(err, err_len, "the backward's config is not a row of kSm90BwdConfigs");
+  } else {
+    if (cfg != &kSm90BwdConfigs[I])
+      return dispatch<T, I + 1>(cfg, args, deterministic, out, lse, stream, err, err_len);
+    constexpr Sm90BwdConfig c = kSm90BwdConfigs[I];
+    const int64_t rows = static_cast<int64_t>(args.batch) * args.num_heads * args.lse_stride;
+    constexpr int64_t kRowsPerBlock = 8 * (32 / kPrepLanesPerRow<c.head_dim_v>);
+    bwd_preprocess_kernel<T, c.tile_dim, c.head_dim_v>
+        <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), 256, 0, stream>>>(
+            static_cast<const T*>(out), static_cast<const T*>(args.dout), lse, const_cast<float*>(args.delta),
+            const_cast<float*>(args.lse2), args.dq_accum, args.o_bs, args.o_rs, args.o_hs, args.num_heads,
+            args.seqlen_q, args.lse_stride, rows);
+    FM3_CUDA_CHECK(cudaGetLastError());
+    if (args.dlearnable_sink != nullptr && launch_sink_grad(args, lse, stream, err, err_len) != 0) return 1;
+    if constexpr (c.wgmma) {
+      const int rc = launch_wgmma<T, c.tile_dim, c.head_dim, c.head_dim_v, c.block_m, c.block_n, c.stages>(
+          args, stream, err, err_len);
+      if (rc >= 0) return rc;
+    }
+    return launch_fallback<T, c.head_dim, c.block_n, c.fallback>(args, deterministic, stream, err, err_len);
   }
-  FM3_SM90_BWD_CONFIGS(FM3_X)
-#undef FM3_X
-  return fail(err, err_len, "head_dim %d with head_dim_v %d has no sm90_bwd config in yaml/kernel_configs.yaml",
-              args.head_dim, args.head_dim_v);
 }
 
-int check_params(const fm3_bwd_params* bp, char* err, size_t err_len) {
-  if (bp == nullptr) return fail(err, err_len, "params is NULL");
-  const int rc = check_attn_params(&bp->fwd, bwd_block_n(bp->fwd.head_dim, bp->fwd.head_dim_v) != 0, err, err_len);
+// has_config: the head-dim pair has a backward config.
+int check_params(const fm3_bwd_params* bp, bool has_config, char* err, size_t err_len) {
+  const int rc = check_attn_params(&bp->fwd, has_config, err, err_len);
   if (rc != 0) return rc;
   if (!bp->dout || !bp->dq || !bp->dk || !bp->dv)
     return fail(err, err_len, "dout, dq, dk and dv must be non-NULL device pointers");
@@ -196,21 +184,12 @@ int check_params(const fm3_bwd_params* bp, char* err, size_t err_len) {
 
 size_t round_up(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
 
-}  // namespace
-}  // namespace fm3::hopper::bwd
-
-using namespace fm3::hopper;
-using namespace fm3::hopper::bwd;
-
-extern "C" int fm3_cuda_bwd_block_n(int head_dim, int head_dim_v) { return bwd_block_n(head_dim, head_dim_v); }
-
-namespace fm3::hopper::bwd {
-namespace {
-
 // The backward's workspace: [dq_accum][lse2][delta][summary][dq_semaphore][dq_chain_start][sink_partial], each
 // 256-byte aligned. dq_accum has lse_stride rows per (batch, head): whole 64-row tiles for the
 // tile-blocked layout; the WGMMA kernel writes it in both modes (in key-block order when
-// deterministic: dq_semaphore and dq_chain_start, one int per 64 rows, enough for any block_m).
+// deterministic: dq_semaphore and dq_chain_start, one int per 64 rows, enough for any block_m). Its rows
+// are the config's tile_dim floats wide; the mma.sync fallback's accumulator rows of head_dim floats fit
+// inside the rows cleared and allocated at that width.
 struct WorkspaceLayout {
   int lse_stride;  // rows per (batch, head) of dq_accum, lse2 and delta
   // Byte offsets of the parts (dq_accum at 0); summary, sem and chain hold 0 bytes where absent.
@@ -218,11 +197,12 @@ struct WorkspaceLayout {
   size_t summary_bytes, sem_bytes;
 };
 
-WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
+// cfg: the head dims' config, or nullptr (a pair without one: no dQ accumulator or block summary).
+WorkspaceLayout workspace_layout(const fm3_bwd_params* bp, const Sm90BwdConfig* cfg) {
   const fm3_fwd_params* p = &bp->fwd;
   const int lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * lse_stride;
-  const int block_n = bwd_block_n(p->head_dim, p->head_dim_v);
+  const int block_n = cfg != nullptr ? cfg->block_n : 0;
   const size_t n_kblocks = block_n > 0 ? (p->seqlen_k + block_n - 1) / block_n : 0;
   const bool det = bp->deterministic != 0;
   AttnArgs a{};
@@ -236,7 +216,7 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
     end += round_up(bytes);
     return at;
   };
-  part(rows * bwd_tile_dim(p->head_dim, p->head_dim_v) * sizeof(float));  // dq_accum
+  part(rows * (cfg != nullptr ? cfg->tile_dim : 0) * sizeof(float));  // dq_accum
   w.lse2 = part(rows * sizeof(float));
   w.delta = part(rows * sizeof(float));
   w.summary_bytes = p->startend_row_indices ? sizeof(fm3::BlockSummary) * mask_rows * n_kblocks : 0;
@@ -250,23 +230,34 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp) {
 }
 
 }  // namespace
-}  // namespace fm3::hopper::bwd
+}  // namespace fm3::hopper
+
+using namespace fm3::hopper;
+
+extern "C" int fm3_cuda_bwd_block_n(int head_dim, int head_dim_v) {
+  const fm3::Sm90BwdConfig* cfg = find_config(fm3::kSm90BwdConfigs, head_dim, head_dim_v);
+  return cfg != nullptr ? cfg->block_n : 0;
+}
 
 extern "C" size_t fm3_cuda_bwd_workspace_bytes(const fm3_bwd_params* bp) {
-  return bp == nullptr ? 0 : workspace_layout(bp).total;
+  if (bp == nullptr) return 0;
+  return workspace_layout(bp, find_config(fm3::kSm90BwdConfigs, bp->fwd.head_dim, bp->fwd.head_dim_v)).total;
 }
 
 extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len) {
-  if (check_params(bp, err, err_len) != 0) return 1;
+  if (bp == nullptr) return fail(err, err_len, "params is NULL");
+  // The config is resolved once per call and handed on.
+  const fm3::Sm90BwdConfig* cfg = find_config(fm3::kSm90BwdConfigs, bp->fwd.head_dim, bp->fwd.head_dim_v);
+  if (check_params(bp, cfg != nullptr, err, err_len) != 0) return 1;
   const fm3_fwd_params* p = &bp->fwd;
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
   const bool deterministic = bp->deterministic != 0;
-  const WorkspaceLayout w = workspace_layout(bp);
+  const WorkspaceLayout w = workspace_layout(bp, cfg);
   if (bp->workspace != nullptr && (bp->workspace_bytes < w.total || reinterpret_cast<uintptr_t>(bp->workspace) % 256))
     return fail(err, err_len, "workspace must be 256-byte aligned and hold %zu bytes, got %zu bytes at %p", w.total,
                 bp->workspace_bytes, bp->workspace);
 
-  BwdArgs a{};
+  bwd::BwdArgs a{};
   fill_attn_args(a, p);
   a.dout = bp->dout;
   a.dq = bp->dq;
@@ -277,7 +268,6 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.learnable_sink = p->learnable_sink;
   a.dlearnable_sink = bp->dlearnable_sink;
   const int mask_heads = a.mask_heads;
-  const int block_n = bwd_block_n(p->head_dim, p->head_dim_v);
 
   char* ws = static_cast<char*>(bp->workspace);
   if (ws == nullptr) FM3_CUDA_CHECK(workspace_alloc(reinterpret_cast<void**>(&ws), w.total, stream));
@@ -295,15 +285,15 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   if (deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, w.sem_bytes, stream);
   if (e == cudaSuccess && p->startend_row_indices != nullptr)
     rc = fm3_cuda_block_summary(p->startend_row_indices, p->batch, mask_heads, p->seqlen_q, p->seqlen_k,
-                                p->mask_cols, p->causal, block_n,
+                                p->mask_cols, p->causal, cfg->block_n,
                                 reinterpret_cast<int32_t*>(const_cast<fm3::BlockSummary*>(a.summary)), stream, err,
                                 err_len);
   if (e != cudaSuccess) {
     rc = fail(err, err_len, "backward set-up: %s", cudaGetErrorString(e));
   } else if (rc == 0) {
     rc = p->dtype == FM3_BFLOAT16
-             ? dispatch<__nv_bfloat16>(a, deterministic, p->out, p->softmax_lse, stream, err, err_len)
-             : dispatch<__half>(a, deterministic, p->out, p->softmax_lse, stream, err, err_len);
+             ? dispatch<__nv_bfloat16>(cfg, a, deterministic, p->out, p->softmax_lse, stream, err, err_len)
+             : dispatch<__half>(cfg, a, deterministic, p->out, p->softmax_lse, stream, err, err_len);
   }
   if (bp->workspace == nullptr) {
     e = workspace_free(ws, stream);

@@ -1,14 +1,14 @@
 // Host side of the Hopper forward: validates fm3_fwd_params, computes the
 // block summary, picks the tile config generated from yaml/kernel_configs.yaml
-// (FM3_SM90_CONFIGS) and launches. The C ABI lives here (see fm3_cuda.h).
+// (kSm90Configs, fm3_generated_config.h) and launches. The C ABI lives here (see fm3_cuda.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 
 #include "block_summary.cuh"
 #include "fm3_cuda.h"
@@ -28,9 +28,9 @@ namespace fm3::hopper {
 namespace {
 
 template <typename T, int D, int BM, int BN>
-int launch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
-  using Tr = FwdMmaSyncTraits<T, D, BM, BN>;
-  auto kernel = flash_fwd_kernel<T, D, BM, BN>;
+int launch_mma_sync(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
+  using Tr = mma_sync::FwdMmaSyncTraits<T, D, BM, BN>;
+  auto kernel = mma_sync::flash_fwd_mma_sync_kernel<T, D, BM, BN>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(Tr::kSmemBytes)));
   const int n_mtiles = (args.seqlen_q + BM - 1) / BM;
@@ -41,7 +41,7 @@ int launch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) 
 }
 
 // The warp-specialized TMA + WGMMA kernel serves the configs the generator marks wgmma
-// (ops/hopper/kernel_rules.py, serve_fwd); the mma.sync kernel, where it is built for a config
+// (paddle_fm3_build/kernel_rules.py, serve_fwd); the mma.sync kernel, where it is built for a config
 // (fallback), serves layouts TMA cannot describe and FM3_FWD_KERNEL=mma_sync.
 bool force_mma_sync() {  // read per call (cheap), so a test can switch paths in-process
   const char* e = std::getenv("FM3_FWD_KERNEL");
@@ -97,19 +97,11 @@ int launch_wgmma(const FwdArgs& args, cudaStream_t stream, char* err, size_t err
   return 0;
 }
 
-int block_n_for(int head_dim, int head_dim_v) {
-#define FM3_X(hd, hdv, bm, bn, st, wg, ov, wgmma, fallback) \
-  if (head_dim == hd && head_dim_v == hdv) return bn;
-  FM3_SM90_CONFIGS(FM3_X)
-#undef FM3_X
-  return 0;
-}
-
 // The mma.sync kernel, where the config has it (fallback); else the reason the WGMMA kernel did not run.
 template <typename T, int D, int BM, int BN, bool kFallback>
 int launch_fallback(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
   if constexpr (kFallback) {
-    return launch<T, D, (BM < fm3::kMmaSyncMaxBlockM ? BM : fm3::kMmaSyncMaxBlockM), BN>(args, stream, err, err_len);
+    return launch_mma_sync<T, D, (BM < kMmaSyncMaxBlockM ? BM : kMmaSyncMaxBlockM), BN>(args, stream, err, err_len);
   } else {
     return fail(err, err_len,
                 "head_dim %d / head_dim_v %d runs on the WGMMA kernel only (the mma.sync kernel serves equal head "
@@ -120,26 +112,23 @@ int launch_fallback(const FwdArgs& args, cudaStream_t stream, char* err, size_t 
   }
 }
 
-template <typename T>
-int dispatch(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
-#define FM3_X(hd, hdv, bm, bn, st, wg, ov, wgmma, fallback)                             \
-  if (args.head_dim == hd && args.head_dim_v == hdv) {                                  \
-    static_assert(bm == 16 * 4 * wg, "block_m must be 64 rows per consumer warpgroup"); \
-    if constexpr (wgmma && !FM3_NO_WGMMA) {                                             \
-      const int rc = launch_wgmma<T, hd, hdv, bm, bn, st, ov>(args, stream, err, err_len); \
-      if (rc >= 0) return rc;                                                           \
-    }                                                                                   \
-    return launch_fallback<T, hd, bm, bn, fallback>(args, stream, err, err_len);        \
+// The kernels of config row I of kSm90Configs, instantiated with its values, when cfg is that row;
+// else the next row's.
+template <typename T, size_t I = 0>
+int dispatch(const Sm90Config* cfg, const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
+  if constexpr (I == kSm90Configs.size()) {
+    return fail(err, err_len, "the forward's config is not a row of kSm90Configs");
+  } else {
+    if (cfg != &kSm90Configs[I]) return dispatch<T, I + 1>(cfg, args, stream, err, err_len);
+    constexpr Sm90Config c = kSm90Configs[I];
+    static_assert(c.block_m == 16 * 4 * c.consumer_warpgroups, "block_m must be 64 rows per consumer warpgroup");
+    if constexpr (c.wgmma && !FM3_NO_WGMMA) {
+      const int rc = launch_wgmma<T, c.head_dim, c.head_dim_v, c.block_m, c.block_n, c.stages, c.intra_wg_overlap>(
+          args, stream, err, err_len);
+      if (rc >= 0) return rc;
+    }
+    return launch_fallback<T, c.head_dim, c.block_m, c.block_n, c.fallback>(args, stream, err, err_len);
   }
-  FM3_SM90_CONFIGS(FM3_X)
-#undef FM3_X
-  return fail(err, err_len, "head_dim %d with head_dim_v %d has no sm90 config in yaml/kernel_configs.yaml",
-              args.head_dim, args.head_dim_v);
-}
-
-int check_params(const fm3_fwd_params* p, char* err, size_t err_len) {
-  if (p == nullptr) return fail(err, err_len, "params is NULL");
-  return check_attn_params(p, block_n_for(p->head_dim, p->head_dim_v) != 0, err, err_len);
 }
 
 }  // namespace
@@ -147,7 +136,10 @@ int check_params(const fm3_fwd_params* p, char* err, size_t err_len) {
 
 using namespace fm3::hopper;
 
-extern "C" int fm3_cuda_block_n(int head_dim, int head_dim_v) { return block_n_for(head_dim, head_dim_v); }
+extern "C" int fm3_cuda_block_n(int head_dim, int head_dim_v) {
+  const fm3::Sm90Config* cfg = find_config(fm3::kSm90Configs, head_dim, head_dim_v);
+  return cfg != nullptr ? cfg->block_n : 0;
+}
 
 extern "C" int fm3_cuda_block_summary(const int32_t* sri, int batch, int mask_heads, int seqlen_q,
                                       int seqlen_k, int mask_cols, int causal, int block_n,
@@ -164,9 +156,12 @@ extern "C" int fm3_cuda_block_summary(const int32_t* sri, int batch, int mask_he
 }
 
 extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) {
-  if (check_params(p, err, err_len) != 0) return 1;
+  if (p == nullptr) return fail(err, err_len, "params is NULL");
+  // The config is resolved once per call and handed on.
+  const fm3::Sm90Config* cfg = find_config(fm3::kSm90Configs, p->head_dim, p->head_dim_v);
+  if (check_attn_params(p, cfg != nullptr, err, err_len) != 0) return 1;
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-  const int block_n = block_n_for(p->head_dim, p->head_dim_v);
+  const int block_n = cfg->block_n;
   const int n_blocks = (p->seqlen_k + block_n - 1) / block_n;
   FwdArgs a{};
   fill_attn_args(a, p);
@@ -191,8 +186,8 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
     }
     a.summary = summary;
   }
-  int rc = p->dtype == FM3_BFLOAT16 ? dispatch<__nv_bfloat16>(a, stream, err, err_len)
-                                    : dispatch<__half>(a, stream, err, err_len);
+  int rc = p->dtype == FM3_BFLOAT16 ? dispatch<__nv_bfloat16>(cfg, a, stream, err, err_len)
+                                    : dispatch<__half>(cfg, a, stream, err, err_len);
   cudaError_t e = workspace_free(ws, stream);
   if (rc == 0 && e != cudaSuccess) return fail(err, err_len, "workspace free: %s", cudaGetErrorString(e));
   return rc;

@@ -1,11 +1,14 @@
 // Host-side pieces shared by the forward and backward launchers: error
-// reporting, the argument checks both C ABI entries make on fm3_fwd_params,
-// filling the kernels' common arguments (AttnArgs), and the TMA maps of q/k/v.
+// reporting, the lookup of a head-dim pair's tile config, the argument checks
+// both C ABI entries make on fm3_fwd_params, filling the kernels' common
+// arguments (AttnArgs), and the TMA maps of q/k/v.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 
@@ -35,6 +38,16 @@ inline int fail(char* err, size_t len, const char* fmt, ...) {
   } while (0)
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The tile config of head dims (q/k head_dim, v head_dim_v) in one of the generated tables
+// (fm3_generated_config.h: kSm90Configs, kSm90BwdConfigs), or nullptr. Each C ABI entry resolves it
+// once and hands the row on.
+template <class Config, size_t N>
+const Config* find_config(const std::array<Config, N>& table, int head_dim, int head_dim_v) {
+  for (const Config& c : table)
+    if (c.head_dim == head_dim && c.head_dim_v == head_dim_v) return &c;
+  return nullptr;
+}
 
 // Checks of the forward inputs every entry makes (has_config: the head-dim pair has a tile config).
 inline int check_attn_params(const fm3_fwd_params* p, bool has_config, char* err, size_t err_len) {

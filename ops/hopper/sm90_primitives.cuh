@@ -132,9 +132,6 @@ __device__ __forceinline__ void reg_alloc() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // ---- WGMMA ------------------------------------------------------------------
 // Shared-memory matrix descriptor, 128-byte swizzle (layout type 1).

@@ -5,7 +5,7 @@ import torch
 from paddle_fm3 import _config, kernels, masks, reference
 
 # Every head-dim pair (q/k, v) of yaml/kernel_configs.yaml (paddle_fm3/_config.py, written by
-# scripts/gen_ops.py): a head dim added there is tested here. A test's `d` is a head dim (equal
+# paddle_fm3_build/codegen.py): a head dim added there is tested here. A test's `d` is a head dim (equal
 # for q, k, v) or such a pair.
 HEAD_DIMS = _config.SM90_HEAD_DIMS
 BWD_HEAD_DIMS = tuple(sorted((c["head_dim"], c["head_dim_v"]) for c in _config.SM90_BWD_CONFIGS))

@@ -5,22 +5,19 @@
 // helpers shared with the WGMMA backward are in bwd/common.cuh.
 //
 // Kernels (all launched by flash_bwd_launch.cu):
-//   flash_bwd_kernel       column-parallel: one CTA per (key block of kBlockN
-//                          columns, kv head, batch). Its block summary (mask
-//                          min/max, block_summary.cuh) sits in registers; a
-//                          query-tile scheduler classifies every query tile of
-//                          the column with fm3::classify_tile/apply_block_mask
-//                          (mask.h) and compacts the survivors, so a fully masked
-//                          tile is never loaded; partial tiles get the
-//                          per-element mask (fm3::visible), unmasked ones none.
-//                          dK and dV accumulate in registers over every query
-//                          head of the GQA group and every surviving tile; dQ
-//                          is added in fp32 with atomics into a workspace
-//                          (kAtomicDq) or left to the row-parallel pass.
-//   flash_bwd_dq_kernel    deterministic dQ: row-parallel, one CTA per query
-//                          tile, walking its surviving key blocks in ascending
-//                          order and accumulating dQ in registers (no atomics,
-//                          bitwise repeatable; recomputes S and dP).
+//   flash_bwd_mma_sync_kernel     column-parallel: one CTA per (key block of kBlockN columns, kv
+//                                 head, batch). Its block summary (mask min/max, block_summary.cuh)
+//                                 sits in registers; a query-tile scheduler classifies every query
+//                                 tile of the column with fm3::classify_tile/apply_block_mask
+//                                 (mask.h) and compacts the survivors, so a fully masked tile is
+//                                 never loaded; partial tiles get the per-element mask
+//                                 (fm3::visible), unmasked ones none. dK and dV accumulate in
+//                                 registers over every query head of the GQA group and every
+//                                 surviving tile; dQ is added in fp32 with atomics into a workspace
+//                                 (kAtomicDq) or left to the row-parallel pass.
+//   flash_bwd_dq_mma_sync_kernel  deterministic dQ: row-parallel, one CTA per query tile, walking
+//                                 its surviving key blocks in ascending order and accumulating dQ in
+//                                 registers (no atomics, bitwise repeatable; recomputes S and dP).
 //
 // Per (query tile, key block) of kBlockM x kBlockN, with 8 warps:
 //   S = Q K^T and dP = dO V^T     warps 4 (rows) x 2 (columns)
@@ -34,13 +31,14 @@
 #include <stdint.h>
 
 #include "attn_args.h"
-#include "bwd/common.cuh"  // classify_pair, mask_head
+#include "bwd/common.cuh"  // BwdArgs, classify_pair, mask_head
 #include "fm3/mask.h"
+#include "fm3_generated_config.h"  // kSm90SmemLimit
 #include "mask_scheduler.cuh"  // compact_window
 #include "mma_sync/tile_load.cuh"  // swz, load_tile
 #include "warp_primitives.cuh"
 
-namespace fm3::hopper::bwd {
+namespace fm3::hopper::mma_sync {
 
 template <typename T, int kHeadDim_, int kBlockM_, int kBlockN_>
 struct BwdMmaSyncTraits {
@@ -76,12 +74,14 @@ struct BwdMmaSyncTraits {
   // Row-parallel dQ kernel: Q, dO, 2 stages of K and V, dS.
   static constexpr size_t kRowTileBytes = sizeof(T) * (2 * kQElems + 4 * kKElems + kPElems);
   static constexpr size_t kRowSmem = kRowTileBytes + kIntBytes;
+  static_assert(kColSmem <= kSm90SmemLimit && kRowSmem <= kSm90SmemLimit,
+                "tile config exceeds the shared memory per block");
 };
 
 // Normalized bounds of key columns [n0, n0 + kBlockN) into sCB (int4 each);
 // columns past seqlen_k or without a mask get the empty interval pair.
 template <int kBlockN, int kThreads>
-__device__ __forceinline__ void stage_columns(int4* sCB, const int32_t* sri, int n0, const BwdArgs& a,
+__device__ __forceinline__ void stage_columns(int4* sCB, const int32_t* sri, int n0, const bwd::BwdArgs& a,
                                               int causal_offset) {
   for (int c = threadIdx.x; c < kBlockN; c += kThreads) {
     const int col = n0 + c;
@@ -132,7 +132,7 @@ __device__ __forceinline__ void compute_s_dp(const T* sQ, const T* sdO, const T*
 // (fully masked or past seqlen_q) get P = 0 as well.
 template <class Tr, typename T, bool kWriteP>
 __device__ __forceinline__ void compute_p_ds(float (&s)[Tr::kATiles][4], const float (&dp)[Tr::kATiles][4],
-                                             T* sP, T* sdS, const int4* sCB, const BwdArgs& a, const float* lse2,
+                                             T* sP, T* sdS, const int4* sCB, const bwd::BwdArgs& a, const float* lse2,
                                              const float* delta, int m0, int n0, bool partial, const int32_t* bm,
                                              int causal_offset) {
   constexpr int N = Tr::kBlockN;
@@ -234,7 +234,7 @@ __device__ __forceinline__ void accumulate_dq(const T* sdS, const T* sK, float (
 // Column-parallel main kernel: grid (n_kblocks, num_heads_k, batch).
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, bool kAtomicDq>
 __global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads, 1)
-    flash_bwd_kernel(const __grid_constant__ BwdArgs a) {
+    flash_bwd_mma_sync_kernel(const __grid_constant__ bwd::BwdArgs a) {
   using Tr = BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>;
   constexpr int kThreads = Tr::kThreads, D = kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
 
   int staged_hm = -1;
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
-    const int hm = mask_head(a, h);
+    const int hm = bwd::mask_head(a, h);
     const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
     const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
     const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
     const float* lse2 = a.lse2 + bh * a.lse_stride;
     const float* delta = a.delta + bh * a.lse_stride;
     auto classify = [&](int mt) {
-      return classify_pair(summ, bm, a.bm_cols, mt * kBlockM, kBlockM, n0, kBlockN, a.seqlen_q, a.seqlen_k,
+      return bwd::classify_pair(summ, bm, a.bm_cols, mt * kBlockM, kBlockM, n0, kBlockN, a.seqlen_q, a.seqlen_k,
                            a.causal, causal_offset);
     };
     auto load_q = [&](int entry, int stage) {
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
 // Deterministic dQ, row-parallel: grid (n_mtiles, num_heads, batch).
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads, 1)
-    flash_bwd_dq_kernel(const __grid_constant__ BwdArgs a) {
+    flash_bwd_dq_mma_sync_kernel(const __grid_constant__ bwd::BwdArgs a) {
   using Tr = BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>;
   constexpr int kThreads = Tr::kThreads, D = kHeadDim;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
   const int hk = h / (a.num_heads / a.num_heads_k);
   const int n_kblocks = (a.seqlen_k + kBlockN - 1) / kBlockN;
   const int causal_offset = causal_offset_of(a.seqlen_q, a.seqlen_k);
-  const int hm = mask_head(a, h);
+  const int hm = bwd::mask_head(a, h);
   const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + hm;
   const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
   const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
 
   auto classify = [&](int nb) {
     const BlockSummary s = summ ? summ[nb] : no_mask_summary(a.seqlen_q);
-    return classify_pair(s, bm, a.bm_cols, m0, kBlockM, nb * kBlockN, kBlockN, a.seqlen_q, a.seqlen_k, a.causal,
+    return bwd::classify_pair(s, bm, a.bm_cols, m0, kBlockM, nb * kBlockN, kBlockN, a.seqlen_q, a.seqlen_k, a.causal,
                          causal_offset);
   };
   auto load_kv = [&](int entry, int stage) {
@@ -457,4 +457,4 @@ __global__ void __launch_bounds__(BwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
   }
 }
 
-}  // namespace fm3::hopper::bwd
+}  // namespace fm3::hopper::mma_sync

@@ -21,11 +21,12 @@
 
 #include "attn_args.h"
 #include "fm3/mask.h"
+#include "fm3_generated_config.h"  // kSm90SmemLimit
 #include "mask_scheduler.cuh"
 #include "mma_sync/tile_load.cuh"  // swz, load_tile
 #include "warp_primitives.cuh"
 
-namespace fm3::hopper {
+namespace fm3::hopper::mma_sync {
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
 struct FwdMmaSyncTraits {
@@ -49,12 +50,13 @@ struct FwdMmaSyncTraits {
   static constexpr size_t kSmemTiles = sizeof(T) * (kQElems + 4 * kKVElems);
   static constexpr size_t kSmemBytes =
       kSmemTiles + sizeof(int) * (kThreads + 32) + sizeof(int32_t) * 2 * 4 * kBlockN;
+  static_assert(kSmemBytes <= kSm90SmemLimit, "tile config exceeds the shared memory per block");
 };
 
 template <typename T, int kHeadDim, int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>::kThreads,
                                   FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>::kMinBlocks)
-    flash_fwd_kernel(const __grid_constant__ FwdArgs a) {
+    flash_fwd_mma_sync_kernel(const __grid_constant__ FwdArgs a) {
   using Tr = FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN>;
   constexpr int kThreads = Tr::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -80,20 +82,7 @@ __global__ void __launch_bounds__(FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
   const T* kg = static_cast<const T*>(a.k) + b * a.k_bs + hk * a.k_hs;
   const T* vg = static_cast<const T*>(a.v) + b * a.v_bs + hk * a.v_hs;
   const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
-  const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
-
-  TileMask tm;
-  tm.summary = a.summary ? a.summary + bhm * n_blocks : nullptr;
-  tm.block_mask = bm;
-  tm.bm_cols = a.bm_cols;
-  tm.seqlen_q = a.seqlen_q;
-  tm.seqlen_k = a.seqlen_k;
-  tm.block_n = kBlockN;
-  tm.n_blocks = n_blocks;
-  tm.causal_offset = causal_offset;
-  tm.causal = a.causal;
-  tm.m0 = m0;
-  tm.m1 = m1;
+  const TileMask tm = TileMask::of(a, bhm, m0, m1, kBlockN, n_blocks, causal_offset);
 
   load_tile<T, kHeadDim, kBlockM, kThreads>(sQ, qg, a.q_rs, m0, m1 - m0);
   cp_async_commit();
@@ -185,7 +174,7 @@ __global__ void __launch_bounds__(FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               const int row = m0 + warp_row + g + r * 8;
-              if (col >= a.seqlen_k || !visible(cb, row, col, a.causal, causal_offset, bm, a.bm_cols))
+              if (col >= a.seqlen_k || !visible(cb, row, col, a.causal, causal_offset, tm.block_mask, a.bm_cols))
                 s[j][2 * r + c] = -CUDART_INF_F;
             }
           }
@@ -267,4 +256,4 @@ __global__ void __launch_bounds__(FwdMmaSyncTraits<T, kHeadDim, kBlockM, kBlockN
   }
 }
 
-}  // namespace fm3::hopper
+}  // namespace fm3::hopper::mma_sync

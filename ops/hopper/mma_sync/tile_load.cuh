@@ -5,7 +5,7 @@
 
 #include "warp_primitives.cuh"  // cp_async_16, smem_u32
 
-namespace fm3::hopper {
+namespace fm3::hopper::mma_sync {
 
 // Element offset of (row, 16-byte chunk) in a [rows][kCols] tile of 16-bit elements, the chunk
 // XOR-swizzled by the row so that 8 consecutive rows of one chunk column fall into 8 different bank
@@ -31,4 +31,4 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t row_stride, 
   }
 }
 
-}  // namespace fm3::hopper
+}  // namespace fm3::hopper::mma_sync

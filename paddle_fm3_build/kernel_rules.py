@@ -1,9 +1,10 @@
-"""Which tile configs the Hopper kernels serve: the one home of that rule.
+"""Which tile configs the Hopper kernels (ops/hopper/) serve: the one home of that rule.
 
-scripts/gen_ops.py reads it to check yaml/kernel_configs.yaml and to state, in the generated
-fm3_generated_config.h and paddle_fm3/_config.py, which kernel serves each entry and the padded tile
-head dims the launchers instantiate; the kernel traits (fwd/traits.cuh, bwd/traits.cuh,
-flash_*_mma_sync.cuh) only assert the structural facts their code relies on.
+codegen.py reads it to check yaml/kernel_configs.yaml and to state, in the generated
+fm3_generated_config.h and paddle_fm3/_config.py, which kernel serves each entry, the padded tile
+head dims the launchers instantiate and the constants below that the C++ side needs; the kernel
+traits (fwd/traits.cuh, bwd/traits.cuh, mma_sync/fwd_kernel.cuh, mma_sync/bwd_kernel.cuh) only
+assert the structural facts their code relies on.
 
 Head dims. The WGMMA kernels keep Q, K, V, dO in 128-byte-swizzled sub-tiles of 64 columns; a head
 dim that is not a multiple of 64 (80, 96) is served by the next multiple of 64, the TMA loads filling
@@ -19,8 +20,7 @@ they serve equal head dims that are multiples of 64.
 
 from __future__ import annotations
 
-SMEM_LIMIT = 227 * 1024  # shared memory per block on sm90
-BLOCK_MASK_SIZE = 128  # fm3::kBlockMaskSize: a WGMMA key block lies inside one block_mask column block
+SMEM_LIMIT = 227 * 1024  # shared memory per block on sm90 (fm3::kSm90SmemLimit in the generated header)
 MAX_HEAD_DIM = 256
 HEAD_DIM_STEP = 16  # k16 steps of the tensor-core products; TMA rows of 16-byte multiples
 MMA_SYNC_MAX_BLOCK_M = 128  # the forward mma.sync kernel takes min(block_m, this) rows per tile
@@ -63,7 +63,7 @@ def fwd_wgmma_error(c: dict) -> str | None:
     """Why the forward WGMMA kernel (FwdWgmmaTraits, fwd/traits.cuh) cannot serve config c, or None. (A tile
     past the 227 KiB of shared memory stops the build at FwdWgmmaTraits' static_assert.)"""
     bm, bn, st, wg = c["block_m"], c["block_n"], c["stages"], c["consumer_warpgroups"]
-    if bn not in (64, 128) or BLOCK_MASK_SIZE % bn:
+    if bn not in (64, 128):  # both divide fm3::kBlockMaskSize (mask.h), as FwdWgmmaTraits asserts
         return f"block_n must be 64 or 128, got {bn}"
     if not (1 <= wg <= 3 and bm == 64 * wg):
         return f"block_m ({bm}) must be 64 rows per consumer warpgroup (1 to 3 of them)"
