@@ -62,6 +62,19 @@ def _build_copy(tmp_path: pathlib.Path) -> pathlib.Path:
     return src
 
 
+def test_build_package_command_line_generates(tmp_path):
+    """python -m paddle_fm3_build (the command line under scripts/gpu_build.sh) writes the generated
+    sources as setup.py's build does."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "paddle_fm3_build", "generate", "--out-dir", str(tmp_path / "gen"),
+                          "--py-config", str(tmp_path / "config.py")], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "kSm90Configs" in (tmp_path / "gen" / "fm3_generated_config.h").read_text()
+    assert (tmp_path / "gen" / "fm3_ops_generated.cc").is_file()
+    assert "SM90_HEAD_DIMS" in (tmp_path / "config.py").read_text()
+
+
 def _fake_toolkit(root: pathlib.Path, release: str) -> pathlib.Path:
     (root / "bin").mkdir(parents=True)
     (root / "include").mkdir()
