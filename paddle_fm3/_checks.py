@@ -1,7 +1,9 @@
 """Argument checks shared by the whole package (numpy only, no Paddle): each raises a TypeError or
 ValueError naming the argument and what was expected. The one Python home of the rules that the
-masks, the kernels binding, the API and the CP planner all apply; the C/C++ entries share
-``fm3_check_mask_shape`` (ops/include/fm3/params.h) for the mask's shape."""
+masks, the kernels binding, the API and the CP planner all apply (``_validation`` composes them for
+``flashmask_attention``'s Paddle tensors). The C/C++ home of the rules the kernels need is
+ops/include/fm3/params.h (``fm3_check_params``, ``fm3_check_mask_shape``), run by the C entries and
+by the bindings' filler (fm3/fill_params.h) for what Python cannot see."""
 
 from __future__ import annotations
 
@@ -58,6 +60,18 @@ def check_int(name: str, value, *, lo: Optional[int] = None, hi: Optional[int] =
     return value
 
 
+def check_rank(name: str, shape, ndim: int, layout: str = "") -> None:
+    """A tensor's rank (ValueError), worded as the bindings' filler words it (fm3::expect_ndim)."""
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D{' ' + layout if layout else ''}, got shape {list(shape)}")
+
+
+def check_stream(stream) -> None:
+    """A raw ``cudaStream_t`` handle: a non-negative int below 2**64 (TypeError)."""
+    if not is_int(stream) or not 0 <= stream < 2**64:
+        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
+
+
 def check_bool(name: str, value) -> bool:
     """Return ``value`` as a bool (numpy bools accepted), or raise TypeError naming ``name``."""
     if not isinstance(value, (bool, np.bool_)):
@@ -93,6 +107,15 @@ def normalize_window_size(window_size) -> Tuple[int, int]:
     if w[0] < 0 or w[1] < 0:
         raise ValueError(f"window_size must be >= 0 (a non-negative int or a pair of them), got {window_size!r}")
     return w
+
+
+def check_window_size(window_size, startend_row_indices) -> Tuple[int, int]:
+    """``window_size`` as ``(left, right)`` (``normalize_window_size``). It becomes the call's
+    ``startend_row_indices``, so it cannot come with one (ValueError)."""
+    if startend_row_indices is not None:
+        raise ValueError("window_size cannot be combined with startend_row_indices; encode the window in "
+                         "startend_row_indices (paddle_fm3.masks.sliding_window) instead")
+    return normalize_window_size(window_size)
 
 
 #: (head_dim, head_dim_v) pairs: those of another value head dim (every path), those with a GPU kernel.

@@ -1,15 +1,18 @@
-"""Argument checks for the public API: a clear ValueError/TypeError naming the
-argument and what was expected, raised before any kernel runs."""
+"""The checks of one ``flashmask_attention`` call on Paddle tensors: a clear ValueError/TypeError
+naming the argument and what was expected, raised before any kernel runs. The rules themselves
+live in ``_checks`` (numpy only, shared with the kernels binding, the masks and the CP planner);
+this module applies them to Paddle tensors, whose dims may be unknown (-1) in a static graph."""
 
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import paddle
 
+from . import _checks
 from ._checks import FLOAT32_MAX, LOG2E, block_mask_blocks
-from ._checks import check_bool, check_head_dims, check_mask_cols, check_softmax_scale, normalize_window_size  # noqa: F401
-from ._checks import check_learnable_sink_shape
 
 FLOAT_DTYPES = (paddle.float32, paddle.float16, paddle.bfloat16)
 QKV_LAYOUT = "[batch, seqlen, num_heads, head_dim]"
@@ -23,8 +26,8 @@ def _known(d) -> bool:
 def check_tensor(name: str, x, ndim: int | None = None, dtypes=None, layout: str = "") -> None:
     if not isinstance(x, (paddle.Tensor, paddle.pir.Value) if hasattr(paddle, "pir") else paddle.Tensor):
         raise TypeError(f"{name} must be a paddle.Tensor, got {type(x).__name__}")
-    if ndim is not None and len(x.shape) != ndim:
-        raise ValueError(f"{name} must be {ndim}-D{' ' + layout if layout else ''}, got shape {list(x.shape)}")
+    if ndim is not None:
+        _checks.check_rank(name, x.shape, ndim, layout)
     if dtypes is not None and x.dtype not in dtypes:
         names = ", ".join(str(d).replace("paddle.", "") for d in dtypes)
         raise TypeError(f"{name} must have dtype in ({names}), got {x.dtype}")
@@ -70,7 +73,7 @@ def check_qkv(q, k, v) -> bool:
     if d and dk and dv:  # a head dim of 0 agrees with any (zero-size)
         place = getattr(q, "place", None)  # None for static-graph values
         # the GPU's own pairs only when a kernel runs (a zero-size call runs none)
-        check_head_dims(d, dk, dv, gpu=not zero_size and place is not None and not place.is_cpu_place())
+        _checks.check_head_dims(d, dk, dv, gpu=not zero_size and place is not None and not place.is_cpu_place())
     return zero_size
 
 
@@ -102,13 +105,15 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
                     "with .transpose([0, 2, 1, 3])")
         raise ValueError(f"startend_row_indices.shape[2] must equal key seqlen {sk} (key.shape[1]; query, key, "
                          f"value are {QKV_LAYOUT}, key has shape {list(k.shape)}), got {skm}{hint}")
-    check_mask_cols(c, causal)
+    _checks.check_mask_cols(c, causal)
     # No value check, so no device-to-host copy: every int32 value has Paddle's meaning, read
     # the same way by every kernel (fm3::load_column clamps to [0, seqlen_q]; above seqlen_q
     # means "to the end", negative means 0, an interval with start > end is empty).
 
 
 def check_block_mask(block_mask, sri, q, k) -> None:
+    if sri is None:
+        raise ValueError("block_mask requires startend_row_indices (as in Paddle)")
     check_tensor("block_mask", block_mask, 4)
     if block_mask.dtype != paddle.int32:
         raise TypeError(f"block_mask must be int32, got {block_mask.dtype}")
@@ -131,7 +136,32 @@ def check_learnable_sink(learnable_sink, num_heads: int) -> None:
     """A floating tensor ``[num_heads]`` (float32; float16 and bfloat16 are cast to float32 for the
     kernels). Values are not checked (no device-to-host copy)."""
     check_tensor("learnable_sink", learnable_sink, dtypes=FLOAT_DTYPES)
-    check_learnable_sink_shape(learnable_sink.shape, num_heads)
+    _checks.check_learnable_sink_shape(learnable_sink.shape, num_heads)
+
+
+def check_dropout(dropout, training, rng_name) -> None:
+    """Dropout is not implemented: with ``training`` it must be 0.0 (NotImplementedError); without,
+    it is not applied (as in Paddle), whatever its value in [0, 1). ``rng_name``: a str."""
+    if not isinstance(dropout, numbers.Real) or isinstance(dropout, (bool, np.bool_)):
+        raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
+    if not 0.0 <= dropout < 1.0:  # NaN too
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout}")
+    if _checks.check_bool("training", training) and dropout != 0.0:
+        raise NotImplementedError("paddle_fm3.flashmask_attention does not implement dropout: pass dropout=0.0 "
+                                  "when training (with training=False dropout is not applied, as in Paddle)")
+    if not isinstance(rng_name, str):
+        raise TypeError(f"rng_name must be a str, got {type(rng_name).__name__}")
+
+
+def check_window_size(window_size, startend_row_indices, query, key):
+    """``window_size`` as ``(left, right)`` (``_checks.check_window_size``); its mask is built on the
+    host, so batch and sequence lengths must be static."""
+    window = _checks.check_window_size(window_size, startend_row_indices)
+    if not all(_known(d) for d in (query.shape[0], query.shape[1], key.shape[1])):
+        raise ValueError("window_size needs static batch and sequence lengths (the mask is built on the "
+                         "host); in a static graph with unknown dims pass startend_row_indices instead "
+                         "(paddle_fm3.masks.sliding_window / window_to_startend)")
+    return window
 
 
 def check_seed_offset(fixed_seed_offset) -> None:

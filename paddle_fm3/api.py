@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import paddle
 
+from . import _checks, masks
 from . import _validation as V
-from . import masks
 from ._ops import attention_forward
 
 
@@ -157,40 +155,23 @@ def flashmask_attention(
         NotImplementedError: ``dropout`` in (0, 1) with ``training=True`` (a value outside [0, 1)
             is a ValueError).
     """
-    if not isinstance(dropout, numbers.Real) or isinstance(dropout, (bool, np.bool_)):
-        raise TypeError(f"dropout must be a float, got {type(dropout).__name__}")
-    if not 0.0 <= dropout < 1.0:  # NaN too
-        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout}")
-    if V.check_bool("training", training) and dropout != 0.0:  # as in Paddle, no dropout unless training
-        raise NotImplementedError("paddle_fm3.flashmask_attention does not implement dropout: pass dropout=0.0 "
-                                  "when training (with training=False dropout is not applied, as in Paddle)")
-    if not isinstance(rng_name, str):
-        raise TypeError(f"rng_name must be a str, got {type(rng_name).__name__}")
-    causal = V.check_bool("causal", causal)
-    return_softmax_lse = V.check_bool("return_softmax_lse", return_softmax_lse)
-    return_seed_offset = V.check_bool("return_seed_offset", return_seed_offset)
+    V.check_dropout(dropout, training, rng_name)
+    causal = _checks.check_bool("causal", causal)
+    return_softmax_lse = _checks.check_bool("return_softmax_lse", return_softmax_lse)
+    return_seed_offset = _checks.check_bool("return_seed_offset", return_seed_offset)
     if fixed_seed_offset is not None:
         V.check_seed_offset(fixed_seed_offset)
     zero_size = V.check_qkv(query, key, value)
     batch, seqlen_q, num_heads, head_dim = query.shape
     seqlen_k = key.shape[1]
-    scale = V.check_softmax_scale(softmax_scale, head_dim)
+    scale = _checks.check_softmax_scale(softmax_scale, head_dim)
     V.check_scores_fit_float32(scale, query, key)
 
     if window_size is not None:
-        if startend_row_indices is not None:
-            raise ValueError("window_size cannot be combined with startend_row_indices; encode the window "
-                             "in startend_row_indices (paddle_fm3.masks.sliding_window) instead")
-        window = V.normalize_window_size(window_size)
-        if not all(V._known(d) for d in (batch, seqlen_q, seqlen_k)):  # noqa: SLF001
-            raise ValueError("window_size needs static batch and sequence lengths (the mask is built on the "
-                             "host); in a static graph with unknown dims pass startend_row_indices instead "
-                             "(paddle_fm3.masks.sliding_window / window_to_startend)")
+        window = V.check_window_size(window_size, startend_row_indices, query, key)
         if not zero_size:
             startend_row_indices = paddle.to_tensor(
                 masks.window_to_startend(window, seqlen_q, seqlen_k, batch, causal), place=query.place)
-    if block_mask is not None and startend_row_indices is None:
-        raise ValueError("block_mask requires startend_row_indices (as in Paddle)")
     if startend_row_indices is not None:
         V.check_startend_row_indices(startend_row_indices, query, key, causal)
     if block_mask is not None:

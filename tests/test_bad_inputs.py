@@ -137,15 +137,18 @@ def test_raw_op_checks_value_shape_in_c():
     q, k = paddle.randn([1, 16, 2, 192]), paddle.randn([1, 16, 2, 192])
     sri = paddle.full([1, 1, 16, 1], 16, "int32")
     for v in (paddle.randn([1, 15, 2, 128]), paddle.randn([1, 16, 1, 128])):
-        with pytest.raises(ValueError, match=r"v \[batch, seqlen_k, num_heads_k, head_dim_v\]"):
+        with pytest.raises(ValueError, match=r"v must have shape \[1, 16, 2, 128\] \[batch, seqlen_k, num_heads_k, "
+                                             r"head_dim_v\]"):
             ops.fm3_flashmask_attention(q, k, v, sri, None, sink_input(None), 0.1, True, False)
-    with pytest.raises(ValueError, match="q's batch and head_dim"):
+    with pytest.raises(ValueError, match=r"k must have shape \[1, 16, 2, 192\] \[batch, seqlen_k, num_heads_k, "
+                                         r"head_dim\]"):
         ops.fm3_flashmask_attention(q, paddle.randn([1, 16, 2, 128]), paddle.randn([1, 16, 2, 128]), sri, None,
                                     sink_input(None), 0.1, True, False)
     v = paddle.randn([1, 16, 2, 128])
     out, lse = ops.fm3_flashmask_attention(q, k, v, sri, None, sink_input(None), 0.1, True, False)
     assert list(out.shape) == [1, 16, 2, 128]
-    with pytest.raises(Exception, match="out_grad must have out's shape"):
+    with pytest.raises(ValueError, match=r"out_grad must have shape \[1, 16, 2, 128\] \[batch, seqlen_q, num_heads, "
+                                         r"head_dim_v\], got \[1, 16, 2, 192\]"):
         ops.fm3_flashmask_attention_bwd(q, k, v, sri, None, sink_input(None), out, lse, paddle.randn([1, 16, 2, 192]),
                                         0.1, True, False)
 
@@ -157,8 +160,10 @@ def test_raw_op_checks_learnable_sink_in_c():
 
     q = paddle.randn([1, 16, 2, 8])
     sri = paddle.full([1, 1, 16, 1], 16, "int32")
-    for sink in (paddle.zeros([3]), paddle.zeros([2], "float64"), paddle.zeros([1, 2])):
-        with pytest.raises(ValueError, match=r"learnable_sink must be float32 \[num_heads\]"):
+    for sink, exc, match in ((paddle.zeros([3]), ValueError, r"learnable_sink must have shape \[2\] \[num_heads\]"),
+                             (paddle.zeros([2], "float64"), TypeError, "learnable_sink must be float32"),
+                             (paddle.zeros([1, 2]), ValueError, r"learnable_sink must have shape \[2\] \[num_heads\]")):
+        with pytest.raises(exc, match=match):
             ops.fm3_flashmask_attention(q, q, q, sri, None, sink, 0.1, True, False)
     out, lse = ops.fm3_flashmask_attention(q, q, q, sri, None, sink_input(None), 0.1, True, False)
     want, want_lse = fm.flashmask_attention(q, q, q, causal=True, softmax_scale=0.1, return_softmax_lse=True)

@@ -45,13 +45,13 @@ CASES = [
     (dict(lse=t(B, H, S, dtype=np.float64)), TypeError, "lse must be float32"),
     # zero kv heads: once a division by zero (SIGFPE) in the H % Hk check
     (dict(k=t(B, S, 0, D), v=t(B, S, 0, D), dk=t(B, S, 0, D), dv=t(B, S, 0, D)), ValueError,
-     r"num_heads_k must be in \[1, 2\^31 - 1\], got 0"),
+     r"num_heads_k must be >= 1, got 0"),
     # a dimension past int32 (a stride-0 view): once narrowed silently to 128 for the C ABI
     (dict(k=np.lib.stride_tricks.as_strided(t(1), (B, 2**32 + S, H, D), (0, 0, 0, 0)),
           v=np.lib.stride_tricks.as_strided(t(1), (B, 2**32 + S, H, D), (0, 0, 0, 0)),
           dk=np.lib.stride_tricks.as_strided(t(1), (B, 2**32 + S, H, D), (0, 0, 0, 0)),
           dv=np.lib.stride_tricks.as_strided(t(1), (B, 2**32 + S, H, D), (0, 0, 0, 0))),
-     ValueError, r"seqlen_k must be in \[1, 2\^31 - 1\], got 4294967360"),
+     ValueError, r"seqlen_k must be <= 2147483647, got 4294967360"),
     ({}, ValueError, "q must be a CUDA tensor"),
 ]
 BWD_ONLY = [

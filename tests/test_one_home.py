@@ -205,7 +205,8 @@ def test_block_mask_shape_checked_alike_in_python_and_c():
     bad = paddle.ones([1, 1, 1, 3], "int32")
     with pytest.raises(ValueError, match=r"ceil\(seqlen_k/128\)\] = \[1, 1, 2, 3\], got \[1, 1, 1, 3\]"):
         _validation.check_block_mask(bad, sri, q, k)
-    with pytest.raises(ValueError, match=r"block_mask must be int32 \[batch, mask_heads, ceil\(seqlen_q / 128\)"):
+    with pytest.raises(ValueError, match=r"block_mask must have shape \[1, 1, 2, 3\] \[batch, mask_heads, "
+                                         r"ceil\(seqlen_q/128\), ceil\(seqlen_k/128\)\], got \[1, 1, 1, 3\]"):
         ops.fm3_flashmask_attention(q, k, k, sri, bad, sink_input(None), 0.25, True, False)
 
 

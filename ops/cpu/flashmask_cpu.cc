@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <cstdlib>
@@ -382,22 +383,18 @@ void backward(const fm3_bwd_params& bp) {
   }
 }
 
+// The rules of params.h (every kernel's), then the CPU kernel's own: its dtypes and head dims up to
+// kCpuMaxHeadDim (any value head dim in range: which (head_dim, head_dim_v) pairs the API accepts is
+// its rule, paddle_fm3/_checks.py; the kernel computes any pair).
 int check(const fm3_fwd_params& p, char* err, size_t n) {
-  if (p.head_dim < 1 || p.head_dim > kCpuMaxHeadDim) {
-    std::snprintf(err, n, "head_dim must be in [1, %d], got %d", kCpuMaxHeadDim, p.head_dim);
-    return 1;
+  if (fm3_check_params(&p, err, n) != 0 || fm3_check_dtype("q", p.dtype, 0, err, n) != 0) return 1;
+  for (const auto& [name, d] : {std::pair{"head_dim", p.head_dim}, std::pair{"head_dim_v", p.head_dim_v}}) {
+    if (d > kCpuMaxHeadDim) {
+      std::snprintf(err, n, "%s must be in [1, %d], got %d", name, kCpuMaxHeadDim, d);
+      return 1;
+    }
   }
-  // Any value head dim in range: which (head_dim, head_dim_v) pairs the API accepts is its rule
-  // (paddle_fm3/_validation.py); the kernel itself computes any pair.
-  if (p.head_dim_v < 1 || p.head_dim_v > kCpuMaxHeadDim) {
-    std::snprintf(err, n, "head_dim_v must be in [1, %d], got %d", kCpuMaxHeadDim, p.head_dim_v);
-    return 1;
-  }
-  if (p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0) {
-    std::snprintf(err, n, "num_heads (%d) must be a multiple of num_heads_k (%d)", p.num_heads, p.num_heads_k);
-    return 1;
-  }
-  return fm3_check_params_mask(&p, err, n);
+  return 0;
 }
 
 }  // namespace
@@ -414,11 +411,7 @@ int fwd(const fm3_fwd_params* p, char* err, size_t err_len) {
 }
 
 int bwd(const fm3_bwd_params* p, char* err, size_t err_len) {
-  if (check(p->fwd, err, err_len)) return 1;
-  if (p->dlearnable_sink != nullptr && p->fwd.learnable_sink == nullptr) {
-    std::snprintf(err, err_len, "dlearnable_sink needs learnable_sink (the sink the forward ran with)");
-    return 1;
-  }
+  if (check(p->fwd, err, err_len) || fm3_check_bwd_params(p, err, err_len)) return 1;
   switch (p->fwd.dtype) {
     case FM3_FLOAT32: backward<float>(*p); return 0;
     case FM3_FLOAT16: backward<half_bits>(*p); return 0;

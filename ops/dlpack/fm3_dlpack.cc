@@ -1,20 +1,26 @@
 // pybind11 binding of the Hopper kernels' C ABI (ops/hopper/fm3_cuda.h) for
 // any tensor that implements __dlpack__ (torch, paddle, cupy, jax; numpy for
-// host-resident masks). Knows no framework: it reads DLPack capsules, checks
-// shapes/dtypes/devices/strides (TypeError / ValueError naming the argument),
-// fills fm3_fwd_params and calls fm3_cuda_fwd. Also binds the CPU CP planning
-// kernel fm3_cpu_segment_workload (ops/cpu/segment_workload.cc, compiled in) on
-// numpy arrays, so CP plans can be built where Paddle is absent.
+// host-resident masks). Knows no framework: it reads DLPack capsules, maps them
+// onto fm3_fwd_params with the filler the Paddle op shares (fm3/fill_params.h),
+// checks where they live, runs the Hopper entries' own check (check_attn_params)
+// so that every argument error is a TypeError / ValueError naming the argument
+// before anything reaches the GPU, and calls fm3_cuda_fwd / fm3_cuda_bwd. Also
+// binds the CPU CP planning kernel fm3_cpu_segment_workload
+// (ops/cpu/segment_workload.cc, compiled in) on numpy arrays, so CP plans can be
+// built where Paddle is absent.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "fm3/mask.h"
+#include "attn_checks.h"
+#include "fm3/fill_params.h"
 #include "fm3/params.h"
 #include "fm3_cuda.h"
 
@@ -55,19 +61,17 @@ struct View {
   void* data() const { return static_cast<char*>(t->data) + t->byte_offset; }
   bool on_gpu() const { return t->device.device_type == kDLCUDA || t->device.device_type == kDLCUDAManaged; }
   bool on_host() const { return t->device.device_type == kDLCPU || t->device.device_type == kDLCUDAHost; }
-  std::string shape_str() const {
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-    return s + "]";
+  fm3::Elem elem() const {
+    const DLDataType d = t->dtype;
+    if (d.lanes != 1) return fm3::Elem::kOther;
+    if (d.code == kDLFloat && d.bits == 32) return fm3::Elem::kFloat32;
+    if (d.code == kDLFloat && d.bits == 16) return fm3::Elem::kFloat16;
+    if (d.code == kDLBfloat && d.bits == 16) return fm3::Elem::kBFloat16;
+    if (d.code == kDLInt && d.bits == 32) return fm3::Elem::kInt32;
+    return fm3::Elem::kOther;
   }
-  bool contiguous() const {
-    int64_t expect = 1;
-    for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
-      if (shape[i] != 1 && strides[i] != expect) return false;
-      expect *= shape[i];
-    }
-    return true;
-  }
+  // The filler's view of it.
+  fm3::TensorArg arg() const { return {name, data(), shape, strides, elem()}; }
 };
 
 View view(const std::string& name, const py::object& obj) {
@@ -92,64 +96,23 @@ View view(const std::string& name, const py::object& obj) {
   return v;
 }
 
-fm3_dtype float_dtype(const View& v) {
-  const DLDataType d = v.t->dtype;
-  if (d.lanes == 1 && d.bits == 16 && d.code == kDLFloat) return FM3_FLOAT16;
-  if (d.lanes == 1 && d.bits == 16 && d.code == kDLBfloat) return FM3_BFLOAT16;
-  throw py::type_error(v.name + " must be float16 or bfloat16");
-}
-
-void expect_ndim(const View& v, int ndim, const char* layout) {
-  if (v.t->ndim != ndim)
-    throw py::value_error(v.name + " must be " + std::to_string(ndim) + "-D " + layout + ", got shape " + v.shape_str());
-}
-
-void expect_shape(const View& v, const std::vector<int64_t>& want, const char* layout) {
-  if (v.shape != want) {
-    View w;
-    w.shape = want;
-    throw py::value_error(v.name + " must have shape " + w.shape_str() + " " + layout + ", got " + v.shape_str());
-  }
+std::optional<View> optional_view(const std::string& name, const py::object& obj) {
+  if (obj.is_none()) return std::nullopt;
+  return view(name, obj);
 }
 
 void expect_gpu(const View& v) {
   if (!v.on_gpu()) throw py::value_error(v.name + " must be a CUDA tensor");
 }
 
-void expect_int32(const View& v) {
-  const DLDataType d = v.t->dtype;
-  if (!(d.code == kDLInt && d.bits == 32 && d.lanes == 1)) throw py::type_error(v.name + " must be int32");
+// An argument of the C ABI's own checks (attn_checks.h), raised as ValueError.
+void expect_ok(int rc, const char* err) {
+  if (rc != 0) throw py::value_error(err);
 }
 
-// An int32 mask argument (startend_row_indices, block_mask, block summary): int32 and contiguous.
-void expect_int32_contiguous(const View& v) {
-  expect_int32(v);
-  if (!v.contiguous()) throw py::value_error(v.name + " must be contiguous");
-}
-
-// fm3_check_mask_shape (params.h) of a 4-D startend_row_indices; a negative expected size is not checked.
-void expect_mask_shape(const int64_t* shape, int64_t batch, int64_t seqlen_k, int64_t num_heads, int64_t num_heads_k,
-                       bool causal) {
-  char err[256] = {0};
-  if (fm3_check_mask_shape(shape, batch, seqlen_k, num_heads, num_heads_k, causal ? 1 : 0, err, sizeof err) != 0)
-    throw py::value_error(err);
-}
-
-// A 4-D startend_row_indices whose dimensions must fit the C ABI's int.
-void expect_mask_dims(const int64_t* shape) {
-  for (int d = 0; d < 4; ++d)
-    if (shape[d] < 1 || shape[d] > INT32_MAX)
-      throw py::value_error("startend_row_indices dimensions must be in [1, 2^31 - 1], got dimension " +
-                            std::to_string(d) + " = " + std::to_string(shape[d]));
-}
-
-// A float32 [num_heads] contiguous CUDA tensor: the learnable sink and its gradient.
-void expect_sink(const View& v, int64_t num_heads) {
-  if (!(v.t->dtype.code == kDLFloat && v.t->dtype.bits == 32 && v.t->dtype.lanes == 1))
-    throw py::type_error(v.name + " must be float32");
-  expect_shape(v, {num_heads}, "[num_heads]");
-  if (!v.contiguous()) throw py::value_error(v.name + " must be contiguous");
-  expect_gpu(v);
+// softmax_scale as the params' float: out of float's range, inf (or NaN), which the params' check rejects.
+float scale_of(double s) {
+  return std::fabs(s) <= FLT_MAX ? static_cast<float>(s) : s > 0 ? INFINITY : s < 0 ? -INFINITY : NAN;
 }
 
 // An int32 mask argument: a device pointer, uploading host-resident ones for the call.
@@ -165,14 +128,13 @@ struct MaskArg {
   }
 };
 
-// v: checked by expect_int32_contiguous.
+// v: on the GPU or the host (checked), int32 and contiguous (the filler checked).
 void stage_mask(const View& v, MaskArg& m, void* stream) {
   m.stream = stream;
   if (v.on_gpu()) {
     m.ptr = static_cast<const int32_t*>(v.data());
     return;
   }
-  if (!v.on_host()) throw py::value_error(v.name + " must be a CUDA or host tensor");
   int64_t n = 1;
   for (int64_t d : v.shape) n *= d;
   char err[512] = {0};
@@ -181,174 +143,89 @@ void stage_mask(const View& v, MaskArg& m, void* stream) {
   m.ptr = static_cast<const int32_t*>(m.owned);
 }
 
-// What the forward and backward entries share: the views of q, k, v, out, lse, their checks, the
-// staged masks and the forward params they fill. Built in place by prepare(); the staged masks
-// (host uploads) live as long as it does, i.e. across the kernel call.
+// What the forward and backward entries share: the views of their forward arguments and the staged
+// masks, which (host uploads) live as long as it does, i.e. across the kernel call.
 struct AttnCall {
-  View q, k, v, out, lse, sink;
-  MaskArg sri, bm;
-  fm3_fwd_params p{};
-};
+  View q, k, v, out, lse;
+  std::optional<View> sri, bm, sink;
+  MaskArg sri_staged, bm_staged;
 
-// Checks every argument of one call (TypeError / ValueError naming it) and fills c.p.
-// grads: the backward's {dout, dq, dk, dv} (empty for the forward), each checked like its
-// counterpart {out, q, k, v} and required to share its strides (the C ABI has one set).
-// block_n_of / kind: whether the head dims (q/k, v) have a kernel of this kind ("" or "backward ").
-void prepare(AttnCall& c, py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
-             py::object sri_, py::object block_mask_, py::object sink_, bool causal, double softmax_scale, void* stream,
-             const std::vector<const View*>& grads, int (*block_n_of)(int, int), const char* kind) {
-  c.q = view("q", q_), c.k = view("k", k_), c.v = view("v", v_), c.out = view("out", out_), c.lse = view("lse", lse_);
-  const View &q = c.q, &k = c.k, &v = c.v, &out = c.out, &lse = c.lse;
-  const char* qlay = "[batch, seqlen_q, num_heads, head_dim]";
-  const char* klay = "[batch, seqlen_k, num_heads_k, head_dim]";
-  const char* vlay = "[batch, seqlen_k, num_heads_k, head_dim_v]";
-  const char* olay = "[batch, seqlen_q, num_heads, head_dim_v]";
-  expect_ndim(q, 4, qlay);
-  expect_ndim(k, 4, klay);
-  expect_ndim(v, 4, vlay);
-  const int64_t B = q.shape[0], Sq = q.shape[1], H = q.shape[2], D = q.shape[3];
-  const int64_t Sk = k.shape[1], Hk = k.shape[2], Dv = v.shape[3];
-  expect_shape(k, {B, Sk, Hk, D}, klay);
-  expect_shape(v, {B, Sk, Hk, Dv}, vlay);
-  expect_shape(out, {B, Sq, H, Dv}, olay);
-  const View* like[] = {&out, &q, &k, &v};  // grads[i] is shaped and strided like like[i]
-  const char* like_lay[] = {olay, qlay, klay, vlay};
-  for (size_t i = 0; i < grads.size(); ++i)
-    expect_shape(*grads[i], like[i]->shape, like_lay[i]);
-  expect_shape(lse, {B, H, Sq}, "[batch, num_heads, seqlen_q]");
-  // Before any arithmetic on them (H % Hk) and before they are narrowed to the C ABI's int.
-  const std::pair<const char*, int64_t> dims[] = {{"batch", B}, {"seqlen_q", Sq}, {"num_heads", H},
-                                                  {"head_dim", D}, {"seqlen_k", Sk}, {"num_heads_k", Hk},
-                                                  {"head_dim_v", Dv}};
-  for (const auto& [dim, n] : dims)
-    if (n < 1 || n > INT32_MAX)
-      throw py::value_error(std::string("q, k, v: ") + dim + " must be in [1, 2^31 - 1], got " + std::to_string(n));
-  std::vector<const View*> same_dtype = {&k, &v, &out}, gpu = {&q, &k, &v, &out, &lse}, unit = {&q, &k, &v, &out};
-  for (const View* g : grads) same_dtype.push_back(g), gpu.push_back(g), unit.push_back(g);
-  const fm3_dtype dt = float_dtype(q);
-  for (const View* t : same_dtype)
-    if (float_dtype(*t) != dt) throw py::type_error(t->name + " must have q's dtype");
-  if (!(lse.t->dtype.code == kDLFloat && lse.t->dtype.bits == 32 && lse.t->dtype.lanes == 1))
-    throw py::type_error("lse must be float32");
-  for (const View* t : gpu) expect_gpu(*t);
-  for (const View* t : unit)
-    if (t->strides[3] != 1) throw py::value_error(t->name + " must have a unit stride in head_dim");
-  if (!lse.contiguous()) throw py::value_error("lse must be contiguous");
-  for (size_t i = 0; i < grads.size(); ++i)
-    if (grads[i]->strides != like[i]->strides)
-      throw py::value_error(grads[i]->name + " must have the same strides as " + like[i]->name);
-  if (H % Hk != 0)
-    throw py::value_error("num_heads (" + std::to_string(H) + ") must be a multiple of num_heads_k (" + std::to_string(Hk) + ")");
-  if (block_n_of(static_cast<int>(D), static_cast<int>(Dv)) == 0)
-    throw py::value_error("head_dim " + std::to_string(D) + " (q, k) with head_dim_v " + std::to_string(Dv) +
-                          " (v) has no sm90 " + kind + "kernel (see yaml/kernel_configs.yaml)");
-  if (!(softmax_scale > 0 && softmax_scale <= FLT_MAX && static_cast<float>(softmax_scale) > 0))
-    throw py::value_error("softmax_scale must be a finite float32 > 0, got " + std::to_string(softmax_scale));
-  // What the kernels' 16-byte vector and TMA accesses need (the C ABI checks it too, as a RuntimeError).
-  for (const View* t : unit) {
-    if (reinterpret_cast<uintptr_t>(t->data()) % 16 != 0)
-      throw py::value_error(t->name + " must be 16-byte aligned");
-    for (int d = 0; d < 3; ++d)
-      if (t->strides[d] % 8 != 0)
-        throw py::value_error(t->name + "'s batch, row and head strides must be multiples of 8 elements, got strides " +
-                              std::to_string(t->strides[0]) + ", " + std::to_string(t->strides[1]) + ", " +
-                              std::to_string(t->strides[2]));
+  AttnCall(const py::object& q_, const py::object& k_, const py::object& v_, const py::object& out_,
+           const py::object& lse_, const py::object& sri_, const py::object& bm_, const py::object& sink_)
+      : q(view("q", q_)), k(view("k", k_)), v(view("v", v_)), out(view("out", out_)), lse(view("lse", lse_)),
+        sri(optional_view("startend_row_indices", sri_)), bm(optional_view("block_mask", bm_)),
+        sink(optional_view("learnable_sink", sink_)) {}
+
+  fm3::AttnTensors tensors() const {
+    fm3::AttnTensors t{q.arg(), k.arg(), v.arg(), out.arg(), lse.arg()};
+    if (sri) t.startend_row_indices = sri->arg();
+    if (bm) t.block_mask = bm->arg();
+    if (sink) t.learnable_sink = sink->arg();
+    return t;
   }
 
-  fm3_fwd_params& p = c.p;
-  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.out = out.data();
-  p.softmax_lse = static_cast<float*>(lse.data());
-  p.q_batch_stride = q.strides[0]; p.q_row_stride = q.strides[1]; p.q_head_stride = q.strides[2];
-  p.k_batch_stride = k.strides[0]; p.k_row_stride = k.strides[1]; p.k_head_stride = k.strides[2];
-  p.v_batch_stride = v.strides[0]; p.v_row_stride = v.strides[1]; p.v_head_stride = v.strides[2];
-  p.o_batch_stride = out.strides[0]; p.o_row_stride = out.strides[1]; p.o_head_stride = out.strides[2];
-  p.batch = static_cast<int>(B); p.seqlen_q = static_cast<int>(Sq); p.seqlen_k = static_cast<int>(Sk);
-  p.num_heads = static_cast<int>(H); p.num_heads_k = static_cast<int>(Hk); p.head_dim = static_cast<int>(D);
-  p.head_dim_v = static_cast<int>(Dv);
-  p.softmax_scale = static_cast<float>(softmax_scale);
-  p.causal = causal ? 1 : 0;
-  p.dtype = dt;
-  p.stream = stream;
-  p.mask_heads = 1;
-  p.mask_cols = 0;
-  if (!sink_.is_none()) {
-    c.sink = view("learnable_sink", sink_);
-    expect_sink(c.sink, H);
-    p.learnable_sink = static_cast<const float*>(c.sink.data());
+  // Where the tensors live: the kernels' on the GPU (more: the backward's), the masks on the GPU or
+  // the host (uploaded for the call).
+  void expect_devices(const std::vector<const View*>& more) const {
+    std::vector<const View*> gpu = {&q, &k, &v, &out, &lse};
+    if (sink) gpu.push_back(&*sink);
+    gpu.insert(gpu.end(), more.begin(), more.end());
+    for (const View* t : gpu) expect_gpu(*t);
+    for (const std::optional<View>* m : {&sri, &bm})
+      if (*m && !(*m)->on_gpu() && !(*m)->on_host())
+        throw py::value_error((*m)->name + " must be a CUDA or host tensor");
   }
 
-  int64_t Hm = -1;
-  View sri_view;
-  if (!sri_.is_none()) {
-    View s = view("startend_row_indices", sri_);
-    expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
-    Hm = s.shape[1];
-    const int64_t C = s.shape[3];
-    expect_mask_shape(s.shape.data(), B, Sk, H, Hk, causal);
-    expect_int32_contiguous(s);
-    sri_view = std::move(s);
-    p.mask_heads = static_cast<int>(Hm);
-    p.mask_cols = static_cast<int>(C);
-  }
-  View bmv;
-  if (!block_mask_.is_none()) {
-    bmv = view("block_mask", block_mask_);
-    expect_ndim(bmv, 4, "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
-    const int64_t want_h = Hm > 0 ? Hm : bmv.shape[1];
-    if (Hm < 0 && want_h != 1 && want_h != Hk && want_h != H)
-      throw py::value_error("block_mask.shape[1] must be 1, num_heads_k or num_heads");
-    expect_shape(bmv, {B, want_h, fm3::block_mask_blocks(Sq), fm3::block_mask_blocks(Sk)},
-                 "[batch, mask_heads, ceil(seqlen_q/128), ceil(seqlen_k/128)]");
-    expect_int32_contiguous(bmv);
-    p.mask_heads = static_cast<int>(want_h);
-  }
   // Every argument is checked: now the (possibly host-resident) masks go to the device.
-  if (sri_view.t) {
-    stage_mask(sri_view, c.sri, stream);
-    p.startend_row_indices = c.sri.ptr;
+  void stage_masks(fm3_fwd_params& p, void* stream) {
+    p.stream = stream;
+    if (sri) {
+      stage_mask(*sri, sri_staged, stream);
+      p.startend_row_indices = sri_staged.ptr;
+    }
+    if (bm) {
+      stage_mask(*bm, bm_staged, stream);
+      p.block_mask = bm_staged.ptr;
+    }
   }
-  if (bmv.t) {
-    stage_mask(bmv, c.bm, stream);
-    p.block_mask = c.bm.ptr;
-  }
-}
+};
 
 void fwd(py::object q_, py::object k_, py::object v_, py::object sri_, py::object out_, py::object lse_,
          py::object block_mask_, py::object sink_, bool causal, double softmax_scale, uintptr_t stream_handle) {
-  AttnCall c;
-  prepare(c, q_, k_, v_, out_, lse_, sri_, block_mask_, sink_, causal, softmax_scale,
-          reinterpret_cast<void*>(stream_handle), {}, fm3_cuda_block_n, "");
+  AttnCall c(q_, k_, v_, out_, lse_, sri_, block_mask_, sink_);
+  fm3_fwd_params p = fm3::fill_fwd_params(c.tensors(), scale_of(softmax_scale), causal, /*gpu=*/true);
+  c.expect_devices({});
   char err[1024] = {0};
-  if (fm3_cuda_fwd(&c.p, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_fwd: ") + err);
+  expect_ok(fm3::hopper::check_attn_params(&p, fm3_cuda_block_n(p.head_dim, p.head_dim_v) != 0, err, sizeof err), err);
+  c.stage_masks(p, reinterpret_cast<void*>(stream_handle));
+  if (fm3_cuda_fwd(&p, err, sizeof err) != 0) throw std::runtime_error(std::string("fm3_cuda_fwd: ") + err);
 }
 
-// Backward: the forward's checks (plus dout, dq, dk, dv) fill c and bp.
+// Backward: the forward's arguments, and dout, dq, dk, dv (and the sink's gradient) in bp.
 struct BwdCall {
+  View dout, dq, dk, dv;
+  std::optional<View> dsink;
   AttnCall c;
-  View dsink;
   fm3_bwd_params bp{};
-};
 
-void prepare_bwd(BwdCall& b, py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_,
-                 py::object dout_, py::object sri_, py::object dq_, py::object dk_, py::object dv_,
-                 py::object block_mask_, py::object sink_, py::object dsink_, bool causal, double softmax_scale,
-                 bool deterministic, uintptr_t stream_handle) {
-  View dout = view("dout", dout_), dq = view("dq", dq_), dk = view("dk", dk_), dv = view("dv", dv_);
-  prepare(b.c, q_, k_, v_, out_, lse_, sri_, block_mask_, sink_, causal, softmax_scale,
-          reinterpret_cast<void*>(stream_handle), {&dout, &dq, &dk, &dv}, fm3_cuda_bwd_block_n, "backward ");
-  b.bp.fwd = b.c.p;
-  b.bp.dout = dout.data();
-  b.bp.dq = dq.data();
-  b.bp.dk = dk.data();
-  b.bp.dv = dv.data();
-  b.bp.deterministic = deterministic ? 1 : 0;
-  if (!dsink_.is_none()) {
-    if (sink_.is_none()) throw py::value_error("dlearnable_sink needs learnable_sink (the sink the forward ran with)");
-    b.dsink = view("dlearnable_sink", dsink_);
-    expect_sink(b.dsink, b.c.q.shape[2]);
-    b.bp.dlearnable_sink = static_cast<float*>(b.dsink.data());
+  BwdCall(py::object q_, py::object k_, py::object v_, py::object out_, py::object lse_, py::object dout_,
+          py::object sri_, py::object dq_, py::object dk_, py::object dv_, py::object block_mask_, py::object sink_,
+          py::object dsink_, bool causal, double softmax_scale, bool deterministic, uintptr_t stream_handle)
+      : dout(view("dout", dout_)), dq(view("dq", dq_)), dk(view("dk", dk_)), dv(view("dv", dv_)),
+        dsink(optional_view("dlearnable_sink", dsink_)), c(q_, k_, v_, out_, lse_, sri_, block_mask_, sink_) {
+    fm3::GradTensors g{dout.arg(), dq.arg(), dk.arg(), dv.arg()};
+    if (dsink) g.dlearnable_sink = dsink->arg();
+    bp = fm3::fill_bwd_params(c.tensors(), g, scale_of(softmax_scale), causal, /*gpu=*/true, deterministic);
+    std::vector<const View*> more = {&dout, &dq, &dk, &dv};
+    if (dsink) more.push_back(&*dsink);
+    c.expect_devices(more);
+    char err[1024] = {0};
+    const int has_config = fm3_cuda_bwd_block_n(bp.fwd.head_dim, bp.fwd.head_dim_v) != 0;
+    expect_ok(fm3::hopper::check_attn_params(&bp.fwd, has_config, err, sizeof err), err);
+    expect_ok(fm3::hopper::check_attn_grads(&bp, err, sizeof err), err);
+    c.stage_masks(bp.fwd, reinterpret_cast<void*>(stream_handle));
   }
-}
+};
 
 // The backward; workspace: None (the library's pool) or a contiguous uint8 tensor on the GPU of
 // at least bwd_workspace_bytes, 256-byte aligned.
@@ -356,16 +233,16 @@ void bwd(py::object q_, py::object k_, py::object v_, py::object out_, py::objec
          py::object sri_, py::object dq_, py::object dk_, py::object dv_, py::object block_mask_,
          py::object sink_, py::object dsink_, bool causal, double softmax_scale, bool deterministic,
          uintptr_t stream_handle, py::object workspace_) {
-  BwdCall b;
-  prepare_bwd(b, q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, sink_, dsink_, causal,
-              softmax_scale, deterministic, stream_handle);
+  BwdCall b(q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, sink_, dsink_, causal, softmax_scale,
+            deterministic, stream_handle);
   View ws;
   if (!workspace_.is_none()) {
     ws = view("workspace", workspace_);
     expect_gpu(ws);
     if (!(ws.t->dtype.code == kDLUInt && ws.t->dtype.bits == 8 && ws.t->dtype.lanes == 1) || ws.shape.size() != 1 ||
-        !ws.contiguous())
-      throw py::type_error("workspace must be a contiguous 1-D uint8 tensor, got shape " + ws.shape_str());
+        (ws.shape[0] != 1 && ws.strides[0] != 1))
+      throw py::type_error("workspace must be a contiguous 1-D uint8 tensor, got shape " + fm3::shape_str(ws.shape));
+    // The C ABI checks this too (as a failed call): here it is a ValueError before anything runs.
     const size_t need = fm3_cuda_bwd_workspace_bytes(&b.bp);
     if (static_cast<size_t>(ws.shape[0]) < need || reinterpret_cast<uintptr_t>(ws.data()) % 256 != 0)
       throw py::value_error("workspace must hold at least " + std::to_string(need) +
@@ -383,9 +260,8 @@ size_t bwd_workspace_bytes(py::object q_, py::object k_, py::object v_, py::obje
                            py::object dout_, py::object sri_, py::object dq_, py::object dk_, py::object dv_,
                            py::object block_mask_, py::object sink_, py::object dsink_, bool causal,
                            double softmax_scale, bool deterministic, uintptr_t stream_handle) {
-  BwdCall b;
-  prepare_bwd(b, q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, sink_, dsink_, causal,
-              softmax_scale, deterministic, stream_handle);
+  BwdCall b(q_, k_, v_, out_, lse_, dout_, sri_, dq_, dk_, dv_, block_mask_, sink_, dsink_, causal, softmax_scale,
+            deterministic, stream_handle);
   return fm3_cuda_bwd_workspace_bytes(&b.bp);
 }
 
@@ -395,19 +271,34 @@ void release_workspace() {
     throw std::runtime_error(std::string("fm3_cuda_release_workspace: ") + err);
 }
 
+// The mask's C against causal (fm3_check_mask_shape, params.h), for the entries that take a mask
+// alone; a ValueError before the C entry computes with it.
+void expect_mask_cols(const int64_t* shape, bool causal) {
+  char err[256] = {0};
+  if (fm3_check_mask_shape(shape, -1, -1, -1, -1, causal ? 1 : 0, err, sizeof err) != 0) throw py::value_error(err);
+}
+
+// A 4-D startend_row_indices whose dimensions must fit the C ABI's int.
+void expect_mask_dims(const int64_t* shape) {
+  for (int d = 0; d < 4; ++d)
+    if (shape[d] < 1 || shape[d] > INT32_MAX)
+      throw py::value_error("startend_row_indices dimensions must be in [1, 2^31 - 1], got dimension " +
+                            std::to_string(d) + " = " + std::to_string(shape[d]));
+}
+
 void block_summary(py::object sri_, py::object out_, bool causal, int seqlen_q, int block_n, uintptr_t stream_handle) {
   View s = view("startend_row_indices", sri_), o = view("out", out_);
-  expect_ndim(s, 4, "[batch, mask_heads, seqlen_k, C]");
+  fm3::expect_mask(s.arg(), "[batch, mask_heads, seqlen_k, C]");
   expect_gpu(s);
   expect_gpu(o);
-  expect_int32_contiguous(s);
-  expect_int32_contiguous(o);
-  if (block_n < 1) throw py::value_error("block_n must be >= 1, got " + std::to_string(block_n));
-  expect_mask_shape(s.shape.data(), -1, -1, -1, -1, causal);
+  fm3::expect_elem(o.arg(), fm3::Elem::kInt32, "int32");
+  fm3::expect_contiguous(o.arg());
+  if (block_n < 1) throw py::value_error("block_n must be >= 1, got " + std::to_string(block_n));  // divides below
+  expect_mask_cols(s.shape.data(), causal);
   if (seqlen_q < 1) throw py::value_error("seqlen_q must be >= 1, got " + std::to_string(seqlen_q));
   expect_mask_dims(s.shape.data());
   const int64_t nb = (s.shape[2] + block_n - 1) / block_n;
-  expect_shape(o, {s.shape[0], s.shape[1], nb, 8}, "[batch, mask_heads, ceil(seqlen_k/block_n), 8]");
+  fm3::expect_shape(o.arg(), {s.shape[0], s.shape[1], nb, 8}, "[batch, mask_heads, ceil(seqlen_k/block_n), 8]");
   char err[1024] = {0};
   if (fm3_cuda_block_summary(static_cast<const int32_t*>(s.data()), static_cast<int>(s.shape[0]), static_cast<int>(s.shape[1]),
                              seqlen_q, static_cast<int>(s.shape[2]), static_cast<int>(s.shape[3]), causal ? 1 : 0, block_n,
@@ -424,7 +315,7 @@ py::tuple segment_workload(py::array_t<int32_t, py::array::c_style | py::array::
                           std::to_string(sri.ndim()) + "-D");
   const int64_t C = sri.shape(3);
   const int64_t shape[4] = {sri.shape(0), sri.shape(1), sri.shape(2), sri.shape(3)};
-  expect_mask_shape(shape, -1, -1, -1, -1, causal);
+  expect_mask_cols(shape, causal);
   if (segment_size < 1) throw py::value_error("segment_size must be positive, got " + std::to_string(segment_size));
   expect_mask_dims(shape);
   const int64_t n = sri.shape(2) / segment_size;
@@ -446,6 +337,14 @@ py::tuple segment_workload(py::array_t<int32_t, py::array::c_style | py::array::
 
 PYBIND11_MODULE(_fm3_dlpack, m) {
   m.doc() = "DLPack binding of the FlashMask Hopper kernels (libfm3_cuda.so)";
+  // The filler's argument errors (fm3/fill_params.h) as Python's.
+  py::register_exception_translator([](std::exception_ptr e) {
+    try {
+      if (e) std::rethrow_exception(e);
+    } catch (const fm3::ArgError& a) {
+      PyErr_SetString(a.type ? PyExc_TypeError : PyExc_ValueError, a.what());
+    }
+  });
   m.def("fwd", &fwd, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("startend_row_indices"), py::arg("out"),
         py::arg("lse"), py::arg("block_mask"), py::arg("learnable_sink"), py::arg("causal"), py::arg("softmax_scale"),
         py::arg("stream"));

@@ -170,16 +170,8 @@ int dispatch(const Sm90BwdConfig* cfg, const BwdArgs& args, bool deterministic, 
 
 // has_config: the head-dim pair has a backward config.
 int check_params(const fm3_bwd_params* bp, bool has_config, char* err, size_t err_len) {
-  const int rc = check_attn_params(&bp->fwd, has_config, err, err_len);
-  if (rc != 0) return rc;
-  if (!bp->dout || !bp->dq || !bp->dk || !bp->dv)
-    return fail(err, err_len, "dout, dq, dk and dv must be non-NULL device pointers");
-  const void* grads[] = {bp->dout, bp->dq, bp->dk, bp->dv};
-  for (const void* ptr : grads)
-    if (!aligned16(ptr)) return fail(err, err_len, "dout, dq, dk and dv must be 16-byte aligned");
-  if (bp->dlearnable_sink != nullptr && bp->fwd.learnable_sink == nullptr)
-    return fail(err, err_len, "dlearnable_sink needs learnable_sink (the gradient of which sink?)");
-  return 0;
+  if (check_attn_params(&bp->fwd, has_config, err, err_len) != 0) return 1;
+  return check_attn_grads(bp, err, err_len);
 }
 
 size_t round_up(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }

@@ -13,22 +13,12 @@
 #include <cstdio>
 
 #include "attn_args.h"
+#include "attn_checks.h"  // fail, check_attn_params
 #include "fm3/mask.h"
 #include "fm3/params.h"
 #include "tma_map.cuh"
 
 namespace fm3::hopper {
-
-// Writes the message into err (if any) and returns 1, the C ABI's error code.
-inline int fail(char* err, size_t len, const char* fmt, ...) {
-  if (err != nullptr && len > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-  }
-  return 1;
-}
 
 // In a function with `char* err, size_t err_len` parameters returning int.
 #define FM3_CUDA_CHECK(expr)                                                                   \
@@ -36,8 +26,6 @@ inline int fail(char* err, size_t len, const char* fmt, ...) {
     cudaError_t e_ = (expr);                                                                   \
     if (e_ != cudaSuccess) return fail(err, err_len, "%s: %s", #expr, cudaGetErrorString(e_)); \
   } while (0)
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // The tile config of head dims (q/k head_dim, v head_dim_v) in one of the generated tables
 // (fm3_generated_config.h: kSm90Configs, kSm90BwdConfigs), or nullptr. Each C ABI entry resolves it
@@ -47,34 +35,6 @@ const Config* find_config(const std::array<Config, N>& table, int head_dim, int 
   for (const Config& c : table)
     if (c.head_dim == head_dim && c.head_dim_v == head_dim_v) return &c;
   return nullptr;
-}
-
-// Checks of the forward inputs every entry makes (has_config: the head-dim pair has a tile config).
-inline int check_attn_params(const fm3_fwd_params* p, bool has_config, char* err, size_t err_len) {
-  if (p->dtype != FM3_FLOAT16 && p->dtype != FM3_BFLOAT16)
-    return fail(err, err_len, "dtype must be float16 or bfloat16, got enum %d", static_cast<int>(p->dtype));
-  if (p->batch < 1 || p->seqlen_q < 1 || p->seqlen_k < 1 || p->num_heads < 1 || p->num_heads_k < 1)
-    return fail(err, err_len, "batch, seqlen_q, seqlen_k, num_heads, num_heads_k must be >= 1");
-  if (p->num_heads % p->num_heads_k != 0)
-    return fail(err, err_len, "num_heads (%d) must be a multiple of num_heads_k (%d)", p->num_heads, p->num_heads_k);
-  if (!has_config)
-    return fail(err, err_len, "head_dim %d with head_dim_v %d has no sm90 config in yaml/kernel_configs.yaml",
-                p->head_dim, p->head_dim_v);
-  if (!p->q || !p->k || !p->v || !p->out || !p->softmax_lse)
-    return fail(err, err_len, "q, k, v, out and softmax_lse must be non-NULL device pointers");
-  if (!aligned16(p->q) || !aligned16(p->k) || !aligned16(p->v) || !aligned16(p->out))
-    return fail(err, err_len, "q, k, v and out must be 16-byte aligned");
-  const int64_t strides[] = {p->q_batch_stride, p->q_row_stride, p->q_head_stride,
-                             p->k_batch_stride, p->k_row_stride, p->k_head_stride,
-                             p->v_batch_stride, p->v_row_stride, p->v_head_stride,
-                             p->o_batch_stride, p->o_row_stride, p->o_head_stride};
-  for (int64_t s : strides)
-    if (s % 8 != 0)
-      return fail(err, err_len, "every batch/row/head stride must be a multiple of 8 elements, got %lld",
-                  static_cast<long long>(s));
-  if (fm3_check_params_mask(p, err, err_len) != 0) return 1;
-  if (!(p->softmax_scale > 0.f)) return fail(err, err_len, "softmax_scale must be > 0, got %g", p->softmax_scale);
-  return 0;
 }
 
 // The kernels' common arguments from checked params.

@@ -12,6 +12,7 @@ import numpy as np
 import paddle
 from paddle.autograd import PyLayer
 
+from .. import _checks
 from .. import _validation as V
 from .._ops import attention_backward, attention_forward, deterministic_requested
 from . import step
@@ -170,7 +171,7 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
     """
     if not isinstance(plan, CPPlan):
         raise TypeError(f"plan must be a CPPlan (make_cp_plan), got {type(plan).__name__}")
-    return_softmax_lse = V.check_bool("return_softmax_lse", return_softmax_lse)
+    return_softmax_lse = _checks.check_bool("return_softmax_lse", return_softmax_lse)
     V.check_qkv(q_local, k_local, v_local)
     dims = [x.shape[3] for x in (q_local, k_local, v_local)]
     if 0 in dims:  # flashmask_attention's zero-size result is for one process; here every head dim counts
@@ -185,7 +186,7 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
         raise ValueError(f"batch size {q_local.shape[0]} does not match the plan's mask batch {b}")
     if hm not in (1, k_local.shape[2], q_local.shape[2]):
         raise ValueError(f"mask heads {hm} must be 1, num_heads_k or num_heads")
-    scale = V.check_softmax_scale(softmax_scale, q_local.shape[-1])
+    scale = _checks.check_softmax_scale(softmax_scale, q_local.shape[-1])
     sink = ()
     if learnable_sink is not None:
         V.check_learnable_sink(learnable_sink, q_local.shape[2])  # the rule of flashmask_attention's sink

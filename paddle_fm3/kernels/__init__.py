@@ -16,10 +16,7 @@ Algorithm: FlashAttention-2 online softmax (Dao, 2023) with FlashMask block skip
 from __future__ import annotations
 
 import importlib
-import numbers
 from typing import Optional
-
-import numpy as np
 
 from .. import _checks, mask_builders  # numpy only: importing them needs no Paddle
 
@@ -67,36 +64,30 @@ def _head_dims(head_dim, head_dim_v) -> tuple:
     return d, (d if head_dim_v is None else _head_dim(head_dim_v))
 
 
-def _shape(name, x):
-    shape = getattr(x, "shape", None)
-    if shape is None:
-        raise TypeError(f"{name} must be a tensor with .shape and __dlpack__, got {type(x).__name__}")
-    return tuple(int(s) for s in shape)
+def _shape(name, x, layout):
+    """The shape of a 4-D tensor argument that this module reads (for the defaults it computes)."""
+    if not hasattr(x, "__dlpack__") or getattr(x, "shape", None) is None:
+        raise TypeError(f"{name} must implement __dlpack__ (a torch/paddle/cupy/numpy tensor), got "
+                        f"{type(x).__name__}")
+    shape = tuple(int(s) for s in x.shape)
+    _checks.check_rank(name, shape, 4, layout)
+    return shape
 
 
 def _common_args(q, k, startend_row_indices, causal, softmax_scale, window_size, stream):
-    """Checks shared by the forward and backward entries; returns (startend_row_indices, causal,
-    scale), the window converted to startend_row_indices as Paddle does."""
+    """The Python arguments of the forward and backward entries, checked (``_checks``), and the
+    defaults that need q's (and with a window k's) shape: returns (startend_row_indices, causal,
+    scale), the window converted to startend_row_indices as Paddle does. The tensors themselves are
+    checked by the binding (ops/include/fm3/fill_params.h, then the C ABI's check_attn_params)."""
     causal = _checks.check_bool("causal", causal)
-    _check_stream(stream)
-    qs, ks = _shape("q", q), _shape("k", k)
-    if len(qs) != 4:
-        raise ValueError(f"q must be 4-D [batch, seqlen_q, num_heads, head_dim], got shape {list(qs)}")
-    if qs[3] < 1:
-        raise ValueError(f"q: head_dim must be >= 1, got {qs[3]}")
+    _checks.check_stream(stream)
+    qs = _shape("q", q, "[batch, seqlen_q, num_heads, head_dim]")
     softmax_scale = _checks.check_softmax_scale(softmax_scale, qs[3])
     if window_size is not None:
-        if startend_row_indices is not None:
-            raise ValueError("pass either startend_row_indices or window_size, not both")
-        if len(ks) != 4:
-            raise ValueError(f"k must be 4-D [batch, seqlen_k, num_heads_k, head_dim], got shape {list(ks)}")
-        startend_row_indices = mask_builders.window_to_startend(window_size, qs[1], ks[1], qs[0], causal)
+        window = _checks.check_window_size(window_size, startend_row_indices)
+        ks = _shape("k", k, "[batch, seqlen_k, num_heads_k, head_dim]")
+        startend_row_indices = mask_builders.window_to_startend(window, qs[1], ks[1], qs[0], causal)
     return startend_row_indices, causal, softmax_scale
-
-
-def _check_stream(stream) -> None:
-    if not isinstance(stream, numbers.Integral) or isinstance(stream, bool) or not 0 <= stream < 2**64:
-        raise TypeError(f"stream must be a non-negative int (a cudaStream_t handle), got {stream!r}")
 
 
 def flashmask_fwd(q, k, v, startend_row_indices, out, lse, *, causal: bool,
@@ -206,8 +197,6 @@ def _bwd_args(q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, causal,
               block_mask, learnable_sink, dlearnable_sink, deterministic, stream):
     """The backward's arguments checked and in the extension's order (its bwd and bwd_workspace_bytes)."""
     deterministic = _checks.check_bool("deterministic", deterministic)
-    for name, x in (("v", v), ("out", out), ("lse", lse), ("dout", dout), ("dq", dq), ("dk", dk), ("dv", dv)):
-        _shape(name, x)
     startend_row_indices, causal, softmax_scale = _common_args(
         q, k, startend_row_indices, causal, softmax_scale, window_size, stream)
     return (q, k, v, out, lse, dout, startend_row_indices, dq, dk, dv, block_mask, learnable_sink, dlearnable_sink,
@@ -236,5 +225,5 @@ def block_summary(startend_row_indices, out, *, causal: bool, seqlen_q: int, blo
     causal = _checks.check_bool("causal", causal)
     seqlen_q = _checks.check_int("seqlen_q", seqlen_q, lo=1, hi=_checks.MAX_SEQLEN)
     block_n = _checks.check_int("block_n", block_n, lo=1, hi=_checks.MAX_SEQLEN)
-    _check_stream(stream)
+    _checks.check_stream(stream)
     _ext().block_summary(startend_row_indices, out, causal, seqlen_q, block_n, int(stream))

@@ -3,6 +3,7 @@
  * kernels can sit in a shared library with a C ABI and know no framework. */
 #ifndef FM3_PARAMS_H_
 #define FM3_PARAMS_H_
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,34 +63,49 @@ typedef struct {
   size_t workspace_bytes;
 } fm3_bwd_params;
 
-/* The shape rule of startend_row_indices, checked here for every C/C++ entry (the Paddle op,
- * the DLPack binding, the CPU and CUDA entries, the CP workload):
- * [batch, mask_heads, seqlen_k, C] with mask_heads in {1, num_heads_k, num_heads} and C in
- * {1, 2} when causal, {2, 4} otherwise. A negative expected size (batch, seqlen_k, num_heads,
- * num_heads_k) or a negative shape[3] is not checked: the caller does not know it or there is no
- * startend_row_indices (a block_mask alone). Returns 0, or 1 with the message in err. */
-static inline int fm3_check_mask_shape(const int64_t shape[4], int64_t batch, int64_t seqlen_k,
-                                       int64_t num_heads, int64_t num_heads_k, int causal,
-                                       char* err, size_t err_len) {
+/* The C/C++ rules of the arguments, one home each: the C ABI's entries (fm3_cpu_fwd / fm3_cpu_bwd;
+ * fm3_cuda_fwd / fm3_cuda_bwd through check_attn_params, ops/hopper/attn_checks.h) check them
+ * first, for callers that reach them without Python, and the bindings' filler (fm3/fill_params.h)
+ * checks them after mapping tensors, so that the Paddle op and the DLPack module raise them as
+ * ValueError / TypeError. Python's home of the same rules: paddle_fm3/_checks.py. Each returns 0,
+ * or 1 with the message in err. */
+
+/* The shape rule of the masks: startend_row_indices is [batch, mask_heads, seqlen_k, C] with
+ * mask_heads in {1, num_heads_k, num_heads} and C in {1, 2} when causal, {2, 4} otherwise; name:
+ * the tensor the message names (block_mask when it comes alone: its mask heads). A negative
+ * expected size (batch, seqlen_k, num_heads, num_heads_k) or a negative shape[3] is not checked:
+ * the caller does not know it or there is no startend_row_indices. */
+static inline int fm3_check_mask_shape_of(const char* name, const int64_t shape[4], int64_t batch, int64_t seqlen_k,
+                                          int64_t num_heads, int64_t num_heads_k, int causal, char* err,
+                                          size_t err_len) {
   const int64_t hm = shape[1], c = shape[3];
   if ((batch >= 0 && shape[0] != batch) || (seqlen_k >= 0 && shape[2] != seqlen_k)) {
     snprintf(err, err_len,
-             "startend_row_indices must have shape [batch=%lld, mask_heads, seqlen_k=%lld, C], got [%lld, %lld, "
-             "%lld, %lld]", (long long)batch, (long long)seqlen_k, (long long)shape[0], (long long)shape[1],
-             (long long)shape[2], (long long)shape[3]);
+             "%s must have shape [batch=%lld, mask_heads, seqlen_k=%lld, C], got [%lld, %lld, %lld, %lld]", name,
+             (long long)batch, (long long)seqlen_k, (long long)shape[0], (long long)shape[1], (long long)shape[2],
+             (long long)shape[3]);
     return 1;
   }
   if (num_heads >= 0 && num_heads_k >= 0 && hm != 1 && hm != num_heads_k && hm != num_heads) {
-    snprintf(err, err_len, "startend_row_indices.shape[1] must be 1, num_heads_k (%lld) or num_heads (%lld), got %lld",
+    snprintf(err, err_len, "%s.shape[1] must be 1, num_heads_k (%lld) or num_heads (%lld), got %lld", name,
              (long long)num_heads_k, (long long)num_heads, (long long)hm);
     return 1;
   }
   if (c >= 0 && (causal ? !(c == 1 || c == 2) : !(c == 2 || c == 4))) {
-    snprintf(err, err_len, "startend_row_indices.shape[3] must be %s, got %lld",
+    snprintf(err, err_len, "%s.shape[3] must be %s, got %lld", name,
              causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False", (long long)c);
     return 1;
   }
   return 0;
+}
+
+/* fm3_check_mask_shape_of for startend_row_indices (every C/C++ entry that takes one alone: the CPU
+ * classification, the CP workload, the CUDA block summary). */
+static inline int fm3_check_mask_shape(const int64_t shape[4], int64_t batch, int64_t seqlen_k,
+                                       int64_t num_heads, int64_t num_heads_k, int causal,
+                                       char* err, size_t err_len) {
+  return fm3_check_mask_shape_of("startend_row_indices", shape, batch, seqlen_k, num_heads, num_heads_k, causal, err,
+                                 err_len);
 }
 
 /* fm3_check_mask_shape of the masks in params (mask_heads checked when startend_row_indices or
@@ -98,8 +114,53 @@ static inline int fm3_check_params_mask(const fm3_fwd_params* p, char* err, size
   if (p->startend_row_indices == NULL && p->block_mask == NULL) return 0;
   const int64_t shape[4] = {p->batch, p->mask_heads, p->seqlen_k,
                             p->startend_row_indices != NULL ? p->mask_cols : -1};
-  return fm3_check_mask_shape(shape, p->batch, p->seqlen_k, p->num_heads, p->num_heads_k, p->causal, err,
-                              err_len);
+  return fm3_check_mask_shape_of(p->startend_row_indices != NULL ? "startend_row_indices" : "block_mask", shape,
+                                 p->batch, p->seqlen_k, p->num_heads, p->num_heads_k, p->causal, err, err_len);
+}
+
+/* The dtypes of q, k, v and out that the kernels take: float16 and bfloat16, and on the CPU (gpu = 0)
+ * float32 too. dtype: an fm3_dtype, or -1 for any other; name: the tensor the message names. */
+static inline int fm3_check_dtype(const char* name, int dtype, int gpu, char* err, size_t err_len) {
+  if (dtype == FM3_FLOAT16 || dtype == FM3_BFLOAT16 || (dtype == FM3_FLOAT32 && !gpu)) return 0;
+  snprintf(err, err_len, "%s must be %s", name, gpu ? "float16 or bfloat16" : "float32, float16 or bfloat16");
+  return 1;
+}
+
+/* The rules of the forward's params that every kernel needs: sizes >= 1 (seqlen_k >= 0: the CPU
+ * kernel gives a row that sees no key 0 and lse -inf; the GPU kernels need a key), num_heads a
+ * multiple of num_heads_k, softmax_scale a finite float > 0, and the masks' shape. */
+static inline int fm3_check_params(const fm3_fwd_params* p, char* err, size_t err_len) {
+  const struct {
+    const char* name;
+    int value, min;
+  } sizes[] = {{"batch", p->batch, 1},         {"seqlen_q", p->seqlen_q, 1},       {"seqlen_k", p->seqlen_k, 0},
+               {"num_heads", p->num_heads, 1}, {"num_heads_k", p->num_heads_k, 1}, {"head_dim", p->head_dim, 1},
+               {"head_dim_v", p->head_dim_v, 1}};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
+    if (sizes[i].value < sizes[i].min) {
+      snprintf(err, err_len, "%s must be >= %d, got %d", sizes[i].name, sizes[i].min, sizes[i].value);
+      return 1;
+    }
+  }
+  if (p->num_heads % p->num_heads_k != 0) {
+    snprintf(err, err_len, "num_heads (%d) must be a multiple of num_heads_k (%d)", p->num_heads, p->num_heads_k);
+    return 1;
+  }
+  if (!(p->softmax_scale > 0.f && p->softmax_scale <= FLT_MAX)) {
+    snprintf(err, err_len, "softmax_scale must be a finite float32 > 0, got %g", (double)p->softmax_scale);
+    return 1;
+  }
+  return fm3_check_params_mask(p, err, err_len);
+}
+
+/* The backward's: the forward's, and a sink gradient only with the sink it is the gradient of. */
+static inline int fm3_check_bwd_params(const fm3_bwd_params* p, char* err, size_t err_len) {
+  if (fm3_check_params(&p->fwd, err, err_len) != 0) return 1;
+  if (p->dlearnable_sink != NULL && p->fwd.learnable_sink == NULL) {
+    snprintf(err, err_len, "dlearnable_sink needs learnable_sink (the sink the forward ran with)");
+    return 1;
+  }
+  return 0;
 }
 
 /* Return 0 on success; otherwise non-zero with a message in err. */
