@@ -91,6 +91,33 @@ def check_mask_cols(c, causal: bool, name: str = "startend_row_indices") -> None
                          f"{allowed}, got {c}")
 
 
+def _known_dim(d) -> bool:
+    return is_int(d) and d >= 0  # a static graph's unknown dim is -1 (or not an int)
+
+
+def check_mask_shape(shape, batch, seqlen_k, num_heads, num_heads_k, causal: bool,
+                     name: str = "startend_row_indices") -> None:
+    """The shape rule of the masks, worded as its C/C++ home words it (fm3_check_mask_shape_of,
+    ops/include/fm3/params.h): ``[batch, mask_heads, seqlen_k, C]`` with ``mask_heads`` in
+    ``{1, num_heads_k, num_heads}`` and C as ``check_mask_cols`` says. A size that is unknown
+    (negative, or not an int) is not checked.
+
+    Raises:
+        ValueError: naming the mask's dim and what was expected.
+    """
+    b, hm, s, c = shape
+    if (_known_dim(batch) and _known_dim(b) and b != batch) or (
+            _known_dim(seqlen_k) and _known_dim(s) and s != seqlen_k):
+        want_b = f"batch={batch}" if _known_dim(batch) else "batch"
+        want_s = f"seqlen_k={seqlen_k}" if _known_dim(seqlen_k) else "seqlen_k"
+        raise ValueError(f"{name} must have shape [{want_b}, mask_heads, {want_s}, C], got {list(shape)}")
+    if _known_dim(num_heads) and _known_dim(num_heads_k) and _known_dim(hm) and hm not in (1, num_heads_k, num_heads):
+        raise ValueError(f"{name}.shape[1] (mask heads) must be 1, num_heads_k ({num_heads_k}) or num_heads "
+                         f"({num_heads}), got {hm}")
+    if _known_dim(c):
+        check_mask_cols(c, causal, name)
+
+
 def normalize_window_size(window_size) -> Tuple[int, int]:
     """Paddle's ``window_size`` (an int, or a ``(left, right)`` pair of ints) as ``(left, right)``.
 
@@ -177,5 +204,5 @@ def check_softmax_scale(softmax_scale, head_dim: int) -> float:
     if not (float(softmax_scale) >= float(np.finfo(np.float32).tiny) and float(softmax_scale) * LOG2E <= FLOAT32_MAX):
         raise ValueError(f"softmax_scale must be a finite float32 > 0 whose scores fit in float32 "
                          f"(softmax_scale * log2(e) <= {FLOAT32_MAX / LOG2E:.3g}; the usual value is "
-                         f"head_dim ** -0.5), got {softmax_scale}")
+                         f"head_dim ** -0.5), got {float(softmax_scale):g}")
     return float(softmax_scale)

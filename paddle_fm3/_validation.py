@@ -68,8 +68,8 @@ def check_qkv(q, k, v) -> bool:
         if hk != hv:
             raise ValueError(f"key and value num_heads differ: {hk} vs {hv} (shape[2] of {QKV_LAYOUT})")
         if h % hk != 0:
-            raise ValueError(f"query num_heads ({h}) must be a multiple of key/value num_heads ({hk}) "
-                             f"(shape[2] of {QKV_LAYOUT}; query {list(q.shape)}, key {list(k.shape)})")
+            raise ValueError(f"num_heads ({h}) must be a multiple of num_heads_k ({hk}) (query's and key's "
+                             f"shape[2] of {QKV_LAYOUT}; query {list(q.shape)}, key {list(k.shape)})")
     if d and dk and dv:  # a head dim of 0 agrees with any (zero-size)
         place = getattr(q, "place", None)  # None for static-graph values
         # the GPU's own pairs only when a kernel runs (a zero-size call runs none)
@@ -90,22 +90,18 @@ def check_startend_row_indices(sri, q, k, causal: bool) -> None:
         raise TypeError(f"startend_row_indices must be int32, got {sri.dtype}")
     b, h = q.shape[0], q.shape[2]
     sk, hk = k.shape[1], k.shape[2]
-    bm, hm, skm, c = sri.shape
+    _, hm, skm, c = sri.shape
     if not (_known(hm) and _known(c)):
         raise ValueError("startend_row_indices.shape[1] (mask heads) and shape[3] (C) must be static (known) "
                          f"dims, got shape {list(sri.shape)}")
-    if _known(b) and _known(bm) and bm != b:
-        raise ValueError(f"startend_row_indices.shape[0] must equal batch size {b}, got {bm}")
-    if hm not in (1, hk, h):
-        raise ValueError(f"startend_row_indices.shape[1] (mask heads) must be 1, {hk} or {h}, got {hm}")
-    if _known(sk) and _known(skm) and skm != sk:
-        hint = ""
-        if _known(hk) and skm == hk:  # the mask's length is key's shape[2]: heads and seqlen swapped
-            hint = (": key looks like [batch, num_heads, seqlen, head_dim]; transpose query, key and value "
-                    "with .transpose([0, 2, 1, 3])")
-        raise ValueError(f"startend_row_indices.shape[2] must equal key seqlen {sk} (key.shape[1]; query, key, "
-                         f"value are {QKV_LAYOUT}, key has shape {list(k.shape)}), got {skm}{hint}")
-    _checks.check_mask_cols(c, causal)
+    try:
+        _checks.check_mask_shape(sri.shape, b, sk, h, hk, causal)
+    except ValueError as e:
+        if _known(sk) and _known(skm) and skm != sk and skm == hk:  # the mask's length is key's shape[2]
+            raise ValueError(f"{e}; query, key and value are {QKV_LAYOUT}, but key {list(k.shape)} looks like "
+                             "[batch, num_heads, seqlen, head_dim]: transpose them with .transpose([0, 2, 1, 3])"
+                             ) from None
+        raise
     # No value check, so no device-to-host copy: every int32 value has Paddle's meaning, read
     # the same way by every kernel (fm3::load_column clamps to [0, seqlen_q]; above seqlen_q
     # means "to the end", negative means 0, an interval with start > end is empty).
@@ -121,8 +117,8 @@ def check_block_mask(block_mask, sri, q, k) -> None:
     want = [b, sri.shape[1], block_mask_blocks(sq), block_mask_blocks(sk)]
     got = list(block_mask.shape)
     if any(_known(w) and _known(g) and w != g for w, g in zip(want, got)):
-        raise ValueError(f"block_mask must have shape [batch, mask_heads, ceil(seqlen_q/128), "
-                         f"ceil(seqlen_k/128)] = {want}, got {got}")
+        raise ValueError(f"block_mask must have shape {want} [batch, mask_heads, ceil(seqlen_q/128), "
+                         f"ceil(seqlen_k/128)], got {got}")
     # Values are checked where they are already on the host (CPU tensors): for a GPU tensor the
     # check would be a synchronizing device-to-host copy on every call. The kernels read any
     # nonzero value as 1 (keep).

@@ -28,8 +28,10 @@ CASES = [
     ("rank of indices", lambda: dict(args=(*qkv(), paddle.full([1, 16, 1], 3, "int32")), causal=True),
      ValueError, "startend_row_indices must be 4-D"),
     ("batch mismatch", lambda: dict(args=(qkv(b=2)[0], *qkv(b=1)[1:])), ValueError, "batch size"),
-    ("indices batch", lambda: dict(args=(*qkv(b=2), sri(b=3)), causal=True), ValueError, "shape[0]"),
-    ("indices seqlen", lambda: dict(args=(*qkv(), sri(sk=15)), causal=True), ValueError, "shape[2]"),
+    ("indices batch", lambda: dict(args=(*qkv(b=2), sri(b=3)), causal=True), ValueError,
+     "startend_row_indices must have shape [batch=2, mask_heads, seqlen_k=16, C], got [3, 1, 16, 1]"),
+    ("indices seqlen", lambda: dict(args=(*qkv(), sri(sk=15)), causal=True), ValueError,
+     "startend_row_indices must have shape [batch=1, mask_heads, seqlen_k=16, C], got [1, 1, 15, 1]"),
     ("k/v seqlen", lambda: dict(args=(qkv()[0], qkv()[1], qkv(sk=12)[2])), ValueError, "seqlen"),
     ("head_dim mismatch", lambda: dict(args=(qkv(d=8)[0], *qkv(d=16)[1:])), ValueError,
      "key head_dim 16 != query head_dim 8"),
@@ -160,9 +162,10 @@ def test_raw_op_checks_learnable_sink_in_c():
 
     q = paddle.randn([1, 16, 2, 8])
     sri = paddle.full([1, 1, 16, 1], 16, "int32")
-    for sink, exc, match in ((paddle.zeros([3]), ValueError, r"learnable_sink must have shape \[2\] \[num_heads\]"),
+    shape = r"learnable_sink must have shape \[num_heads=2\] \(one logit per query head\), got "
+    for sink, exc, match in ((paddle.zeros([3]), ValueError, shape + r"\[3\]"),
                              (paddle.zeros([2], "float64"), TypeError, "learnable_sink must be float32"),
-                             (paddle.zeros([1, 2]), ValueError, r"learnable_sink must have shape \[2\] \[num_heads\]")):
+                             (paddle.zeros([1, 2]), ValueError, shape + r"\[1, 2\]")):
         with pytest.raises(exc, match=match):
             ops.fm3_flashmask_attention(q, q, q, sri, None, sink, 0.1, True, False)
     out, lse = ops.fm3_flashmask_attention(q, q, q, sri, None, sink_input(None), 0.1, True, False)

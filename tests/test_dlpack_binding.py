@@ -143,7 +143,7 @@ class CudaTagged:
 def test_block_summary_checks_mask_columns_against_causal():
     """C=1 with causal=False once reached the kernel, which reads 4 columns per key (out of bounds)."""
     sri, out = CudaTagged(t(1, 1, S, 1, dtype=np.int32)), CudaTagged(t(1, 1, 1, 8, dtype=np.int32))
-    with pytest.raises(ValueError, match=r"shape\[3\] must be 2 or 4 with causal=False"):
+    with pytest.raises(ValueError, match=r"shape\[3\]: with causal=False the last dimension C must be one of"):
         kernels.block_summary(sri, out, causal=False, seqlen_q=S, block_n=64)
 
 
@@ -162,7 +162,7 @@ def test_misaligned_rows_are_value_errors():
 @pytest.mark.parametrize("kw,exc,match", [
     (dict(learnable_sink=CudaTagged(t(H, dtype=np.float16))), TypeError, "learnable_sink must be float32"),
     (dict(learnable_sink=CudaTagged(t(H + 1, dtype=np.float32))), ValueError,
-     r"learnable_sink must have shape \[2\] \[num_heads\], got \[3\]"),
+     r"learnable_sink must have shape \[num_heads=2\] \(one logit per query head\), got \[3\]"),
     (dict(learnable_sink=CudaTagged(t(1, H, dtype=np.float32))), ValueError, "learnable_sink must have shape"),
     (dict(learnable_sink=CudaTagged(t(2 * H, dtype=np.float32)[::2])), ValueError,
      "learnable_sink must be contiguous"),

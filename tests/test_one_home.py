@@ -23,13 +23,14 @@ from paddle_fm3.distributed.localize import explicit_four_column
 PKG = pathlib.Path(mask_semantics.__file__).resolve().parent
 
 
-@pytest.mark.parametrize("causal, c, want", [(True, 4, "1 or 2 with causal=True"), (False, 1, "2 or 4 with causal=False")])
+@pytest.mark.parametrize("causal, c, want", [(True, 4, r"causal=True the last dimension C must be one of \(1, 2\)"),
+                                             (False, 1, r"causal=False the last dimension C must be one of \(2, 4\)")])
 def test_cpu_entries_check_mask_cols(causal, c, want):
     """The raw ops reach fm3_cpu_classify / fm3_cpu_segment_workload, which apply fm3_check_mask_shape."""
     sri = paddle.full([1, 1, 64, c], 64, "int32")
-    with pytest.raises(Exception, match=rf"startend_row_indices.shape\[3\] must be {want}, got {c}"):
+    with pytest.raises(Exception, match=rf"startend_row_indices.shape\[3\]: with {want}, got {c}"):
         ops.fm3_block_classify(sri, None, 64, 16, 16, causal)
-    with pytest.raises(Exception, match=rf"startend_row_indices.shape\[3\] must be {want}, got {c}"):
+    with pytest.raises(Exception, match=rf"startend_row_indices.shape\[3\]: with {want}, got {c}"):
         ops.fm3_segment_workload(sri, 16, 16, causal)
 
 
@@ -37,8 +38,10 @@ def test_attention_op_checks_mask_shape_in_c():
     q = paddle.randn([2, 64, 4, 16])
     k = paddle.randn([2, 64, 2, 16])
     cases = [(paddle.full([1, 1, 64, 1], 64, "int32"), r"must have shape \[batch=2, mask_heads, seqlen_k=64, C\]"),
-             (paddle.full([2, 3, 64, 1], 64, "int32"), r"shape\[1\] must be 1, num_heads_k \(2\) or num_heads \(4\)"),
-             (paddle.full([2, 1, 64, 4], 64, "int32"), r"shape\[3\] must be 1 or 2 with causal=True, got 4")]
+             (paddle.full([2, 3, 64, 1], 64, "int32"),
+              r"shape\[1\] \(mask heads\) must be 1, num_heads_k \(2\) or num_heads \(4\)"),
+             (paddle.full([2, 1, 64, 4], 64, "int32"),
+              r"shape\[3\]: with causal=True the last dimension C must be one of \(1, 2\), got 4")]
     for sri, match in cases:
         with pytest.raises(ValueError, match=match):
             ops.fm3_flashmask_attention(q, k, k, sri, None, sink_input(None), 0.25, True, False)
@@ -203,10 +206,11 @@ def test_block_mask_shape_checked_alike_in_python_and_c():
     out, _ = ops.fm3_flashmask_attention(q, k, k, sri, good, sink_input(None), 0.25, True, False)
     assert not bool(paddle.isnan(out).any())
     bad = paddle.ones([1, 1, 1, 3], "int32")
-    with pytest.raises(ValueError, match=r"ceil\(seqlen_k/128\)\] = \[1, 1, 2, 3\], got \[1, 1, 1, 3\]"):
+    want = (r"block_mask must have shape \[1, 1, 2, 3\] \[batch, mask_heads, ceil\(seqlen_q/128\), "
+            r"ceil\(seqlen_k/128\)\], got \[1, 1, 1, 3\]")  # one wording in Python and C
+    with pytest.raises(ValueError, match=want):
         _validation.check_block_mask(bad, sri, q, k)
-    with pytest.raises(ValueError, match=r"block_mask must have shape \[1, 1, 2, 3\] \[batch, mask_heads, "
-                                         r"ceil\(seqlen_q/128\), ceil\(seqlen_k/128\)\], got \[1, 1, 1, 3\]"):
+    with pytest.raises(ValueError, match=want):
         ops.fm3_flashmask_attention(q, k, k, sri, bad, sink_input(None), 0.25, True, False)
 
 

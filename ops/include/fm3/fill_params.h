@@ -86,10 +86,13 @@ inline void expect_contiguous(const TensorArg& t) {
     if (t.shape[i] != 1 && t.strides[i] != want[i]) throw ArgError(false, t.name + " must be contiguous");
 }
 
-// The float32 [num_heads] contiguous sink, or its gradient.
+// The float32 [num_heads] contiguous sink, or its gradient (the shape worded as Python's
+// _checks.check_learnable_sink_shape words it).
 inline void expect_sink(const TensorArg& t, int64_t num_heads) {
   expect_elem(t, Elem::kFloat32, "float32");
-  expect_shape(t, {num_heads}, "[num_heads]");
+  if (t.shape != std::vector<int64_t>{num_heads})
+    throw ArgError(false, t.name + " must have shape [num_heads=" + std::to_string(num_heads) +
+                              "] (one logit per query head), got " + shape_str(t.shape));
   expect_contiguous(t);
 }
 

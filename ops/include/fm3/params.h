@@ -70,8 +70,9 @@ typedef struct {
  * ValueError / TypeError. Python's home of the same rules: paddle_fm3/_checks.py. Each returns 0,
  * or 1 with the message in err. */
 
-/* The shape rule of the masks: startend_row_indices is [batch, mask_heads, seqlen_k, C] with
- * mask_heads in {1, num_heads_k, num_heads} and C in {1, 2} when causal, {2, 4} otherwise; name:
+/* The shape rule of the masks (Python's mirror, worded alike: _checks.check_mask_shape):
+ * startend_row_indices is [batch, mask_heads, seqlen_k, C] with mask_heads in
+ * {1, num_heads_k, num_heads} and C in {1, 2} when causal, {2, 4} otherwise; name:
  * the tensor the message names (block_mask when it comes alone: its mask heads). A negative
  * expected size (batch, seqlen_k, num_heads, num_heads_k) or a negative shape[3] is not checked:
  * the caller does not know it or there is no startend_row_indices. */
@@ -87,13 +88,13 @@ static inline int fm3_check_mask_shape_of(const char* name, const int64_t shape[
     return 1;
   }
   if (num_heads >= 0 && num_heads_k >= 0 && hm != 1 && hm != num_heads_k && hm != num_heads) {
-    snprintf(err, err_len, "%s.shape[1] must be 1, num_heads_k (%lld) or num_heads (%lld), got %lld", name,
-             (long long)num_heads_k, (long long)num_heads, (long long)hm);
+    snprintf(err, err_len, "%s.shape[1] (mask heads) must be 1, num_heads_k (%lld) or num_heads (%lld), got %lld",
+             name, (long long)num_heads_k, (long long)num_heads, (long long)hm);
     return 1;
   }
   if (c >= 0 && (causal ? !(c == 1 || c == 2) : !(c == 2 || c == 4))) {
-    snprintf(err, err_len, "%s.shape[3] must be %s, got %lld", name,
-             causal ? "1 or 2 with causal=True" : "2 or 4 with causal=False", (long long)c);
+    snprintf(err, err_len, "%s.shape[3]: with causal=%s the last dimension C must be one of %s, got %lld", name,
+             causal ? "True" : "False", causal ? "(1, 2)" : "(2, 4)", (long long)c);
     return 1;
   }
   return 0;
@@ -128,7 +129,8 @@ static inline int fm3_check_dtype(const char* name, int dtype, int gpu, char* er
 
 /* The rules of the forward's params that every kernel needs: sizes >= 1 (seqlen_k >= 0: the CPU
  * kernel gives a row that sees no key 0 and lse -inf; the GPU kernels need a key), num_heads a
- * multiple of num_heads_k, softmax_scale a finite float > 0, and the masks' shape. */
+ * multiple of num_heads_k, a softmax_scale whose scale into log2 units, softmax_scale * log2(e),
+ * is a normal float32 (Python: _checks.check_softmax_scale), and the masks' shape. */
 static inline int fm3_check_params(const fm3_fwd_params* p, char* err, size_t err_len) {
   const struct {
     const char* name;
@@ -146,8 +148,11 @@ static inline int fm3_check_params(const fm3_fwd_params* p, char* err, size_t er
     snprintf(err, err_len, "num_heads (%d) must be a multiple of num_heads_k (%d)", p->num_heads, p->num_heads_k);
     return 1;
   }
-  if (!(p->softmax_scale > 0.f && p->softmax_scale <= FLT_MAX)) {
-    snprintf(err, err_len, "softmax_scale must be a finite float32 > 0, got %g", (double)p->softmax_scale);
+  const double log2e = 1.4426950408889634;
+  if (!(p->softmax_scale >= FLT_MIN && p->softmax_scale * log2e <= FLT_MAX)) {
+    snprintf(err, err_len,
+             "softmax_scale must be a finite float32 > 0 whose scores fit in float32 (softmax_scale * log2(e) <= "
+             "%.3g; the usual value is head_dim ** -0.5), got %g", FLT_MAX / log2e, (double)p->softmax_scale);
     return 1;
   }
   return fm3_check_params_mask(p, err, err_len);
