@@ -173,7 +173,6 @@ struct GmmaAtoms;
     using SS_MN = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::MN, G::Major::MN>; \
     using SS_KMN = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::K, G::Major::MN>; \
   };
-FM3_GMMA_ATOMS(__nv_bfloat16, 16, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 32, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 64, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 80, BF16BF16)
@@ -181,7 +180,6 @@ FM3_GMMA_ATOMS(__nv_bfloat16, 96, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 128, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 192, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 256, BF16BF16)
-FM3_GMMA_ATOMS(__half, 16, F16F16)
 FM3_GMMA_ATOMS(__half, 32, F16F16)
 FM3_GMMA_ATOMS(__half, 64, F16F16)
 FM3_GMMA_ATOMS(__half, 80, F16F16)

@@ -178,7 +178,7 @@ class PaddleCommunicator(Communicator):
 
 class TorchCommunicator(Communicator):
     """``torch.distributed`` on ``group`` (None: the default group), for the GPU machines without
-    Paddle (``scripts/cp_torch_run.py``; checked there on gloo, not in CI, which has no torch)."""
+    Paddle (``tools/cp_torch_run.py``; checked there on gloo, not in CI, which has no torch)."""
 
     def __init__(self, group=None):
         import torch.distributed as tdist  # noqa: PLC0415

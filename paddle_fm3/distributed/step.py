@@ -1,7 +1,7 @@
 """One context-parallel attention step (docs/design.md, "Context parallelism"), independent of the framework.
 
 The schedule, written once for every caller (the Paddle PyLayer in ``executor.py``; the torch
-backends of ``backends/torch.py``, run by ``scripts/cp_torch_run.py`` and ``scripts/cp_rank_compute.py``):
+backends of ``backends/torch.py``, run by ``tools/cp_torch_run.py`` and ``tools/cp_rank_compute.py``):
 
 Forward: post the exchange of the KV segments that the plan says are needed (one message per
 peer, K and V packed together), compute attention of the local queries on the local KV meanwhile,

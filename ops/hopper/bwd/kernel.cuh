@@ -23,7 +23,7 @@
 //
 // The roles are __forceinline__ functions, and nvcc optimizes a function before inlining it: what
 // a role is passed and what it computes itself can change the machine code. Check a change to
-// their boundaries with scripts/compare_sass.py against the build before it.
+// their boundaries with tools/compare_sass.py against the build before it.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>

@@ -58,27 +58,16 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
 
   // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys, from dS^T buffer `buf`:
   // A = dS^T [keys][queries] and B = K [keys][head dim], both MN-major (k16 step = 16 key rows).
-  // Split along the head dim at 80 and 96, the second warpgroup's part has only kHeadDim - 64 real
-  // columns: its product takes N = that.
-  constexpr int kDqTailN = Tr::kDqSplitD ? kHeadDim - 64 * (Tr::kDChunks - 1) : 64;
+  // At 80 and 96 the second warpgroup's part keeps N = 64 over K's zero-filled columns: N = 16 / 32
+  // there made the whole backward 5-15% slower (BENCHMARKS.md, head dims 80 and 96).
   auto issue_dq = [&](int buf, float (&dq)[32]) {
     const uint32_t key0 = Tr::kDqOwnPart ? 0 : cw * 64 * 128;
     const uint32_t qsub = Tr::kDqSplitM ? cw * kBlockN * 128 : 0;  // this warpgroup's 64 queries
     gmma_fence();
-    if (kDqTailN == 64 || cw + 1 < Tr::kConsumerWGs) {
 #pragma unroll
-      for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
-        gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq,
-                          ks > 0);
-    } else {
-#pragma unroll
-      for (int i = kDqTailN / 2; i < 32; ++i) dq[i] = 0.f;  // columns past the head dim: the writer adds 0
-      float(&tail)[kDqTailN / 2] = *reinterpret_cast<float(*)[kDqTailN / 2]>(dq);
-#pragma unroll
-      for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
-        gmma_ss_mn<T, kDqTailN>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048),
-                                tail, ks > 0);
-    }
+    for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
+      gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq,
+                        ks > 0);
     gmma_commit();
   };
   // This warpgroup's 64 x 64 part of the dQ tile at workspace offset `off` to shared memory in

@@ -16,7 +16,7 @@ struct BwdWgmmaTraits {
   static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
   // kHeadDim: the width of the products (the larger of the two head dims; 256 for the split-D path,
   // which serves 192 and 192/128 padded). Shared memory holds Q, K, V, dO in 128-byte-swizzled
-  // sub-tiles of 64 columns, kTileDim wide (ops/hopper/kernel_rules.py, the dQ accumulator's rows
+  // sub-tiles of 64 columns, kTileDim wide (paddle_fm3_build/kernel_rules.py, the dQ accumulator's rows
   // too): the TMA loads fill the columns past the head dims with zeros, S^T / dP^T reduce over
   // kHeadDim only and dV, dK take N = kHeadDim (a WGMMA may end inside a swizzle atom, as the
   // forward's P V does).

@@ -18,7 +18,7 @@ struct FwdWgmmaTraits {
   static constexpr int kProducerThreads = 128;
   // Head dims: q / k kHeadDim, v kHeadDimV, each laid out in 128-byte-swizzled sub-tiles of 64
   // columns, padded to a multiple of 64 (kDimQK, kDimV): the TMA loads fill the padding with zeros
-  // (ops/hopper/kernel_rules.py). The products run over the real head dims only: S = Q K^T in
+  // (paddle_fm3_build/kernel_rules.py). The products run over the real head dims only: S = Q K^T in
   // kQkSteps k16 steps, O = P V with N = kHeadDimV (a WGMMA may end inside a swizzle atom).
   static constexpr int kDimQK = (kHeadDim + 63) / 64 * 64, kDimV = (kHeadDimV + 63) / 64 * 64;
   static constexpr int kChunksQK = kDimQK / 64, kChunksV = kDimV / 64;  // sub-tiles along the head dims

@@ -1,5 +1,5 @@
 """The CP step's attention backends in torch (:class:`~paddle_fm3.distributed.step.AttentionBackend`),
-for the torch scripts (``scripts/cp_torch_run.py``, ``scripts/cp_rank_compute.py``).
+for the torch scripts (``tools/cp_torch_run.py``, ``tools/cp_rank_compute.py``).
 
 torch is imported inside the methods: importing this module needs only numpy, so a script can name
 the backends before it knows whether it will run them.
