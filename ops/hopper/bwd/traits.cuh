@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "fm3/mask.h"           // kBlockMaskSize
+#include "fm3_generated_config.h"  // kSm90SmemLimit
 #include "warp_primitives.cuh"  // smem_u32
 
 namespace fm3::hopper::sm90 {
@@ -82,7 +83,7 @@ struct BwdWgmmaTraits {
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kKBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
-  static constexpr int kDsBuffers = kSplitD ? 1 : 2;  // dS^T buffers (tile % 2); one at head dim 256 (227 KiB)
+  static constexpr int kDsBuffers = kSplitD ? 1 : 2;  // dS^T buffers (tile % 2); one at head dim 256 (kSm90SmemLimit)
   static constexpr int kOffdS = kOffdO + kStages * kQBytes;
   static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
   // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
@@ -100,7 +101,7 @@ struct BwdWgmmaTraits {
   static constexpr int kOffBar = kOffdQ + kConsumerWGs * kDqWgFloats * 4;
   static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 4);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
-  static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
+  static_assert(kSmemBytes <= kSm90SmemLimit, "tile config exceeds the shared memory per block (yaml/kernel_configs.yaml)");
 };
 
 // BwdWgmmaTraits' shared-memory layout placed at the CTA's dynamic shared memory, rounded up to 1024 bytes.

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "fm3/mask.h"           // kBlockMaskSize
+#include "fm3_generated_config.h"  // kSm90SmemLimit
 #include "warp_primitives.cuh"  // smem_u32
 
 namespace fm3::hopper::sm90 {
@@ -49,7 +50,7 @@ struct FwdWgmmaTraits {
   static constexpr int kOffQ = 0;
   // Q double-buffered (the next tile's Q loads during this tile) where shared memory allows; at head
   // dim 256 a second 64 KB buffer does not fit beside the K/V ring, so Q loads between tiles.
-  static constexpr int kQBuffers = 2 * kQBytes + kStages * (kKBytes + kVBytes) + 8192 <= 227 * 1024 ? 2 : 1;
+  static constexpr int kQBuffers = 2 * kQBytes + kStages * (kKBytes + kVBytes) + 8192 <= kSm90SmemLimit ? 2 : 1;
   // O is staged in the finished tile's Q buffer for its TMA store where the next tile's Q has the
   // other one (fwd/epilogue.cuh).
   static constexpr bool kStagedO = kQBuffers == 2 && kDimV <= kDimQK;
@@ -69,7 +70,7 @@ struct FwdWgmmaTraits {
   static constexpr int kEnd = kOffBar + 8 * (4 * kStages + 4);
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
   static_assert(kStages <= 16, "entry slots");
-  static_assert(kSmemBytes <= 227 * 1024, "tile config exceeds the 227 KiB of shared memory per block (yaml/kernel_configs.yaml)");
+  static_assert(kSmemBytes <= kSm90SmemLimit, "tile config exceeds the shared memory per block (yaml/kernel_configs.yaml)");
 };
 
 // FwdWgmmaTraits' shared-memory layout placed at the CTA's dynamic shared memory, rounded up to 1024 bytes.
