@@ -1,5 +1,9 @@
 """Test helpers: random valid masks, error metric, tolerances (CPU tests)."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 # Relative tolerances by dtype (max |err| / max |ref|), per the project's rules.
@@ -86,3 +90,22 @@ def launch_cp_workers(worker, nproc, out_dir, timeout, args=()):
     for r in range(nproc):
         res += json.loads((out_dir / f"rank{r}.json").read_text())
     return res
+
+
+def run_without_paddle(code: str, cwd) -> str:
+    """Run ``code`` in a fresh interpreter (same ``paddle_fm3`` as this one) where ``import paddle``
+    fails; returns its stdout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    res = subprocess.run([sys.executable, "-c", "import sys; sys.modules['paddle'] = None\n" + code],
+                         capture_output=True, text=True, cwd=cwd, env=env)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def dlpack_available() -> bool:
+    """Whether the installed paddle_fm3.kernels module is built (scripts/run_tests.sh builds it)."""
+    from paddle_fm3 import kernels
+    return kernels.available()
+
+
+NO_DLPACK = "paddle_fm3.kernels not built (scripts/run_tests.sh builds it into the installed package)"

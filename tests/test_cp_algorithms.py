@@ -2,16 +2,14 @@
 HCC-IPO against brute force, its speed, plan pruning and determinism."""
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-from paddle_fm3 import kernels, masks
+from paddle_fm3 import masks
+from fm3_testutil import NO_DLPACK, dlpack_available, run_without_paddle
 import zlib
 
 from paddle_fm3.distributed import balance
@@ -176,18 +174,7 @@ def test_segment_summary_equals_counting_block_classify(family, seg, tile):
 # ---- planning without Paddle: the DLPack module's segment_workload (built on the GPU machine) ----
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-needs_dlpack = pytest.mark.skipif(not kernels.available(), reason="paddle_fm3.kernels not built "
-                                  "(scripts/run_tests.sh builds it into the installed package)")
-
-
-def _run_without_paddle(code: str, cwd) -> str:
-    """Run ``code`` in a fresh interpreter (same ``paddle_fm3`` as this one) where ``import paddle``
-    fails; returns its stdout."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    res = subprocess.run([sys.executable, "-c", "import sys; sys.modules['paddle'] = None\n" + code],
-                         capture_output=True, text=True, cwd=cwd, env=env)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
+needs_dlpack = pytest.mark.skipif(not dlpack_available(), reason=NO_DLPACK)
 
 
 @needs_dlpack
@@ -226,7 +213,7 @@ def test_segment_summary_without_paddle(tmp_path):
             "    w, n = segment_summary(fm.startend_row_indices, fm.causal, seg)\n"
             "    out.append([w.tolist(), n.tolist()])\n"
             "print(json.dumps(out))\n")
-    got = json.loads(_run_without_paddle(code, tmp_path))
+    got = json.loads(run_without_paddle(code, tmp_path))
     for (f, s, seg), (w, n) in zip(cases, got):
         fm = masks.FAMILIES[f](s, np.random.default_rng(s))
         w_pd, n_pd = segment_summary(fm.startend_row_indices, fm.causal, seg)
@@ -239,7 +226,7 @@ def test_segment_summary_without_paddle_or_module_raises(tmp_path):
             "from paddle_fm3 import masks\nfrom paddle_fm3.distributed.plan import segment_summary\n"
             "try:\n    segment_summary(masks.causal(256).startend_row_indices, True, 64)\n"
             "except ImportError as e:\n    print('ImportError', e)\n")
-    out = _run_without_paddle(code, tmp_path)
+    out = run_without_paddle(code, tmp_path)
     assert out.startswith("ImportError") and "scripts/build_dlpack_ext.sh" in out
 
 

@@ -3,29 +3,15 @@ them without Paddle (through the DLPack module's segment_workload)."""
 
 import importlib.util
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from paddle_fm3 import kernels
+from fm3_testutil import NO_DLPACK, dlpack_available, run_without_paddle
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "cp_rank_compute.py"
-needs_dlpack = pytest.mark.skipif(not kernels.available(), reason="paddle_fm3.kernels not built "
-                                  "(scripts/run_tests.sh builds it into the installed package)")
-
-
-def _run_without_paddle(code: str, cwd) -> str:
-    """Run ``code`` in a fresh interpreter (same ``paddle_fm3`` as this one) where ``import paddle``
-    fails; returns its stdout."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    res = subprocess.run([sys.executable, "-c", "import sys; sys.modules['paddle'] = None\n" + code],
-                         capture_output=True, text=True, cwd=cwd, env=env)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
+needs_dlpack = pytest.mark.skipif(not dlpack_available(), reason=NO_DLPACK)
 
 
 @needs_dlpack
@@ -33,7 +19,7 @@ def test_plan_only_without_paddle(tmp_path):
     """--plan-only builds every rank's inputs with ``import paddle`` failing."""
     out = tmp_path / "plan.json"
     script = str(SCRIPT)
-    _run_without_paddle("import runpy; sys.argv = ['x', '--plan-only', '--seqlens', '2048', '--ranks', '2', '4', "
+    run_without_paddle("import runpy; sys.argv = ['x', '--plan-only', '--seqlens', '2048', '--ranks', '2', '4', "
                         f"'--out', {str(out)!r}]; runpy.run_path({script!r}, run_name='__main__')", tmp_path)
     res = json.loads(out.read_text())
     assert len(res["summary"]) == 10 and len(res["per_rank"]) == 5 * 2 * (2 + 4)
