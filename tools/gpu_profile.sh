@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Device side: ncu profiles of one warm call of ours and of FlexAttention-FLASH (FlashAttention-4),
+# Device side: ncu profiles of one warm call of ours and of FlashAttention-4 (its own call for the
+# mask, `fa4`, or FLASH-through-Flex, `flex_flash`),
 # side by side, into $OUT: per-kernel summaries (duration, tensor-pipe instructions, executed
 # instructions, warps active, local-memory (spill) requests, registers), and each one's per-SASS-line
 # source view (executed instructions and stall samples per line), summed per opcode side by side by
 # tools/sass_mix.py into $OUT/sass_mix.md.
-#   PROFILE_ARGS="--bwd --family full --seqlen 8192" [PROFILE_IMPLS="fm3 flex_flash"] tools/gpu_profile.sh
-# Needs ncu; Flex FLASH needs FM3_EXTRA_SITE (../shared/tools/fa4_anchor.sh). LIB_DIR as gpu_run.sh.
-# The Flex FLASH side matches FlashAttention-4's main kernels by name (FlashAttention{Backward,Forward}Sm90);
-# it has not yet run since bench_attention's mask_mods were fixed for the FLASH backend.
+#   PROFILE_ARGS="--bwd --family full --seqlen 8192" [PROFILE_IMPLS="fm3 fa4"] tools/gpu_profile.sh
+# Needs ncu; fa4 and flex_flash need FM3_EXTRA_SITE (../shared/tools/fa4_anchor.sh). LIB_DIR as gpu_run.sh.
+# The peer's side matches FlashAttention-4's main kernels by name (FlashAttention{Backward,Forward}Sm90).
 source "$(dirname "$0")/gpu_env.sh"
 ARGS=${PROFILE_ARGS:---bwd --family full --seqlen 8192}
 case "$ARGS" in *--bwd*) OURS="regex:flash_bwd_wgmma"; PEER="regex:BackwardSm90" ;;
                 *) OURS="regex:flash_fwd_wgmma"; PEER="regex:ForwardSm90" ;; esac
 METRICS=${METRICS:-gpu__time_duration.sum,sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,l1tex__t_requests_pipe_lsu_mem_local_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_local_op_st.sum,launch__registers_per_thread}
-for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
+for impl in ${PROFILE_IMPLS:-fm3 fa4}; do
   name=$([ $impl = fm3 ] && echo "$OURS" || echo "$PEER")
   timeout 300 ncu --clock-control none --kernel-name "$name" --launch-skip 2 --launch-count 1 \
     --metrics "$METRICS" \
@@ -22,7 +22,7 @@ for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
 done
 # Per SASS line (executed instructions, stalls), each implementation; tools/sass_mix.py sums them
 # per opcode side by side.
-for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
+for impl in ${PROFILE_IMPLS:-fm3 fa4}; do
   name=$([ $impl = fm3 ] && echo "$OURS" || echo "$PEER")
   timeout 300 ncu --clock-control none --kernel-name "$name" --launch-skip 2 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --import-source yes -o "$OUT/$impl" -f \
@@ -31,4 +31,4 @@ for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do
   echo "source view $impl rc=$? lines=$(wc -l < "$OUT/${impl}_sass.csv")"; head -c 600 "$OUT/${impl}_sass.err"
   gzip -f "$OUT/${impl}_sass.csv"; rm -f "$OUT/$impl.ncu-rep"
 done
-python3 tools/sass_mix.py $(for impl in ${PROFILE_IMPLS:-fm3 flex_flash}; do echo "$OUT/${impl}_sass.csv.gz"; done) | tee "$OUT/sass_mix.md"
+python3 tools/sass_mix.py $(for impl in ${PROFILE_IMPLS:-fm3 fa4}; do echo "$OUT/${impl}_sass.csv.gz"; done) | tee "$OUT/sass_mix.md"

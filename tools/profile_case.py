@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""One attention call to profile under ncu on the GPU machine: ours (paddle_fm3.kernels) or
-FlexAttention (FLASH or Triton backend), forward or backward, one mask family. Runs --calls calls
+"""One attention call to profile under ncu on the GPU machine: ours (paddle_fm3.kernels),
+FlashAttention-4's own call for the mask (fa4: flash_attn_func / flash_attn_varlen_func, as
+bench_attention.py picks it) or FlexAttention (FLASH or Triton backend), forward or backward, one
+mask family. Runs --calls calls
 (the first ones warm up and compile), so `ncu --launch-skip` can pick a warm one:
 
     ncu --clock-control none --kernel-name regex:flash_bwd_wgmma --launch-skip 2 --launch-count 1 \\
@@ -17,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_attention as ba  # noqa: E402  (also applies FM3_EXTRA_SITE)
 
-IMPLS = ("fm3", "flex_flash", "flex_triton")
+IMPLS = ("fm3", "fa4", "flex_flash", "flex_triton")
 
 
 def main():
@@ -57,6 +59,15 @@ def main():
                 return lambda: ba.kernels.flashmask_bwd(q, k, v, out, lse, do, sri, dq, dk, dv, causal=causal,
                                                         deterministic=args.deterministic)
             return lambda: ba.kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
+        if impl == "fa4":
+            peer = ba.fa4_peer(sri_np, causal, b, s)
+            if peer is None:
+                sys.exit(f"fa4: FlashAttention-4 has no call of its own for {args.family} (FLASH-through-Flex is the peer)")
+            q4, k4, v4 = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+            o = peer[1](q4, k4, v4)
+            if args.bwd:
+                return lambda: torch.autograd.grad(o, (q4, k4, v4), do, retain_graph=True)
+            return lambda: peer[1](q4, k4, v4)
         backend = impl.split("_")[1]
         flex = ba.compiled_flex([backend])[backend]
         fm = ba.FlexMask(b, s)
