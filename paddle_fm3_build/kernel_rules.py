@@ -11,9 +11,9 @@ dim that is not a multiple of 64 (80, 96) is served by the next multiple of 64, 
 the columns past it with zeros (exact: they add 0 to every product) and the stores writing only the
 real ones. The forward reduces S = Q K^T over the real head dim only (k16 steps). The backward's tile
 head dim (its shared-memory layout and the dQ accumulator's rows) is the smallest it is built for (64,
-128, 256) that holds both head dims; up to 128 its products run at the larger head dim itself (80 and
-96 reduce and accumulate over 80 and 96 columns), at 256 (192 and 192/128) its dK / dV accumulators
-split the padded row in halves of whole sub-tiles.
+128, 192, 256) that holds both head dims; its products run at the larger head dim itself (80 and 96
+reduce and accumulate over 80 and 96 columns; 192/128 runs at 192, v's columns past 128 zero), and
+at 192 and 256 (the split-D path) its two consumer warpgroups split the row in halves.
 The mma.sync kernels (fallback, and FM3_FWD_KERNEL / FM3_BWD_KERNEL=mma_sync) have no zero fill:
 they serve equal head dims that are multiples of 64.
 """
@@ -25,7 +25,7 @@ MAX_HEAD_DIM = 256
 HEAD_DIM_STEP = 16  # k16 steps of the tensor-core products; TMA rows of 16-byte multiples
 MMA_SYNC_MAX_BLOCK_M = 128  # the forward mma.sync kernel takes min(block_m, this) rows per tile
 MMA_SYNC_BLOCK_M_BWD = 64  # the backward mma.sync kernels' warp layouts take 64 query rows
-BWD_WGMMA_TILE_DIMS = (64, 128, 256)  # head dims the WGMMA backward's layouts are built for
+BWD_WGMMA_TILE_DIMS = (64, 128, 192, 256)  # head dims the WGMMA backward's layouts are built for
 WGMMA = "wgmma"  # warp-specialized TMA + WGMMA kernel (fwd/kernel.cuh / bwd/kernel.cuh)
 MMA_SYNC = "mma_sync"  # mma.sync kernel (mma_sync/fwd_kernel.cuh / mma_sync/bwd_kernel.cuh)
 
@@ -112,11 +112,14 @@ def serve_fwd(c: dict) -> dict:
 
 def bwd_wgmma_error(c: dict) -> str | None:
     """Why the backward WGMMA kernel (BwdWgmmaTraits, bwd/traits.cuh) cannot serve config c, or None:
-    64 x 128 tiles at tile head dims 64 / 128 (or 128 x 128 at 64), 64 x 64 tiles with one stage at
-    256 (the 227 KiB hold no second)."""
+    64 x 128 tiles at tile head dims 64 / 128 (or 128 x 128 at 64), 64 x 64 tiles at 192 (one or two
+    stages) and 256 (one stage: the 227 KiB hold no second)."""
     tile, bm, bn, st = bwd_tile_dim(c["head_dim"], c["head_dim_v"]), c["block_m"], c["block_n"], c["stages"]
-    if tile == 256:
-        return None if (bm, bn, st) == (64, 64, 1) else f"at tile head dim 256 it takes 64 x 64 tiles and one stage"
+    if tile in (192, 256):
+        most = 2 if tile == 192 else 1
+        if (bm, bn) == (64, 64) and 1 <= st <= most:
+            return None
+        return f"at tile head dim {tile} it takes 64 x 64 tiles and {'one or two stages' if most == 2 else 'one stage'}"
     if bn != 128 or not (bm == 64 or (bm == 128 and tile == 64)):
         return f"at tile head dim {tile} it takes 64 x 128 tiles (or 128 x 128 at 64)"
     return None if 2 <= st <= 16 else f"stages must be in [2, 16], got {st}"

@@ -44,14 +44,14 @@ def test_shipped_configs_state_their_kernel():
     # The mma.sync kernels are built beside the WGMMA ones only for equal head dims that are multiples of 64.
     assert {(c["head_dim"], c["head_dim_v"]) for c in cfg["sm90"] if c["fallback"]} == {(64, 64), (128, 128),
                                                                                          (192, 192), (256, 256)}
-    assert [c["tile_dim"] for c in cfg["sm90_bwd"]] == [64, 128, 128, 128, 256, 256, 256]
+    assert [c["tile_dim"] for c in cfg["sm90_bwd"]] == [64, 128, 128, 128, 192, 192, 256]
     assert [(c["tile_dim"], c["tile_dim_v"]) for c in cfg["sm90"]] == [
         (64, 64), (128, 128), (128, 128), (128, 128), (192, 192), (192, 128), (256, 256)]
     header = codegen.gen_config_header(cfg)
     assert "{64, 64, 192, 128, 3, 3, false, true, true}," in header
     assert "{128, 128, 128, 128, 2, 2, true, true, true}," in header
     assert "{96, 96, 128, 128, 2, 2, true, true, false},  // head_dim 96: wgmma\n" in header  # WGMMA only
-    assert "{192, 128, 256, 64, 64, 1, true, false}," in header  # the MLA backward: tile head dim 256, one stage
+    assert "{192, 128, 192, 64, 64, 2, true, false}," in header  # the MLA backward: tile head dim 192, two stages
     assert "std::array<Sm90Config, 7> kSm90Configs" in header and "std::array<Sm90BwdConfig, 7> kSm90BwdConfigs" in header
     ns = {}
     exec(codegen.gen_py_config(cfg), ns)  # noqa: S102 - our own generated module
@@ -59,22 +59,24 @@ def test_shipped_configs_state_their_kernel():
     assert ns["HEAD_DIM_V_PAIRS"] == ((192, 128),)
 
 
-def test_backward_at_tile_head_dim_256_is_the_wgmma_kernel_with_one_stage_only():
+def test_backward_split_d_stages_the_wgmma_kernel_takes():
+    """The split-D backward: one stage at tile head dim 256, one or two at 192 (shared memory)."""
     cfg = copy.deepcopy(CFG)
     cfg["sm90_bwd"] = [bwd(256, st=2) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
     assert codegen.check_kernel_configs(cfg)["sm90_bwd"][-1]["kernel"] == "mma_sync"  # two stages do not fit
-    cfg["sm90_bwd"] = [bwd(192, st=2) if c == {"head_dim": 192, "block_m": 64, "block_n": 64, "stages": 1} else c
+    cfg["sm90_bwd"] = [bwd(192, st=3) if c["head_dim"] == 192 and c.get("head_dim_v", 192) == 192 else c
                        for c in cfg["sm90_bwd"]]
     only_mma_sync = [c for c in codegen.check_kernel_configs(cfg)["sm90_bwd"] if c["head_dim_v"] == 192][0]
-    assert only_mma_sync["kernel"] == "mma_sync" and only_mma_sync["tile_dim"] == 192  # no padding there
+    assert only_mma_sync["kernel"] == "mma_sync" and only_mma_sync["tile_dim"] == 192  # three stages do not fit
     cfg["sm90_bwd"] = [bwd(256, st=17) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
     with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 256: stages must be in \[1, 16\]"):
         codegen.check_kernel_configs(cfg)
-    # 192/128 runs at tile head dim 256 too, and nothing else serves a value head dim of its own.
+    # 192/128 runs at tile head dim 192 too, and nothing else serves a value head dim of its own.
     cfg = copy.deepcopy(CFG)
-    cfg["sm90_bwd"] = [bwd(192, st=2, hdv=128) if c.get("head_dim_v") == 128 else c for c in cfg["sm90_bwd"]]
+    cfg["sm90_bwd"] = [bwd(192, st=3, hdv=128) if c.get("head_dim_v") == 128 else c for c in cfg["sm90_bwd"]]
     with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 192/128: no kernel serves it: the WGMMA kernel: "
-                                                  r"at tile head dim 256 .*the mma.sync kernels: head_dim_v 128 != head_dim 192"):
+                                                  r"at tile head dim 192 .*one or two stages.*the mma.sync kernels: "
+                                                  r"head_dim_v 128 != head_dim 192"):
         codegen.check_kernel_configs(cfg)
 
 
@@ -88,7 +90,7 @@ def test_installed_config_is_the_generated_one():
 def test_a_head_dim_the_templates_serve_is_one_yaml_line(hd):
     """Any multiple of 16 up to 256 is served by the WGMMA kernels (padded to 64-column sub-tiles)."""
     cfg = codegen.check_kernel_configs(with_head_dim(fwd(hd), bwd(hd, bn=128 if hd <= 128 else 64,
-                                                                 st=2 if hd <= 128 else 1)))
+                                                                 st=2 if hd <= 192 else 1)))
     assert cfg["sm90"][-1]["kernel"] == "wgmma" and cfg["sm90_bwd"][-1]["kernel"] == "wgmma"
     assert cfg["sm90"][-1]["fallback"] == (hd % 64 == 0)
 

@@ -94,7 +94,7 @@ bool env_is(const char* name, const char* value) {  // read per call, so a test 
 
 // TD: the tile head dim (kernel_rules.py; q, k, v, dO are read at their real head dims, zeros past
 // them), D: q's head dim (dQ's columns), DV: v's. The kernel's products run at the larger head dim
-// (bwd/traits.cuh), except at tile head dim 256 (the split-D path, padded).
+// (bwd/traits.cuh), on the split-D path (tile head dims 192 and 256) at the tile head dim.
 template <typename T, int TD, int D, int DV, int BM, int BN, int ST>
 int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
   if (env_is("FM3_BWD_KERNEL", "mma_sync")) return -1;
@@ -103,7 +103,7 @@ int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err
       !make_tma_map<T>(&mdo, args.dout, args.head_dim_v, args.seqlen_q, args.num_heads, args.batch, args.o_rs,
                        args.o_hs, args.o_bs, BM))
     return -1;
-  constexpr int KD = TD == 256 ? 256 : (D > DV ? D : DV);
+  constexpr int KD = TD >= 192 ? TD : (D > DV ? D : DV);
   using Tr = sm90::BwdWgmmaTraits<T, KD, BM, BN, ST>;
   // Deterministic mode too writes dQ from this kernel, the parts of a tile added in key-block order
   // (args.dq_semaphore, set by fm3_cuda_bwd).

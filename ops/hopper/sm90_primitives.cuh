@@ -189,10 +189,11 @@ FM3_GMMA_ATOMS(__half, 192, F16F16)
 FM3_GMMA_ATOMS(__half, 256, F16F16)
 #undef FM3_GMMA_ATOMS
 
-template <class Atom, int N, size_t... I>
+// kOff: the first of d's accumulators the product writes (a WGMMA over some of d's columns).
+template <class Atom, int kOff, int N, size_t... I>
 __device__ __forceinline__ void gmma_ss_impl(uint64_t da, uint64_t db, float (&d)[N], bool accumulate,
                                              std::index_sequence<I...>) {
-  Atom::fma(da, db, d[I]..., accumulate ? G::ScaleOut::One : G::ScaleOut::Zero);
+  Atom::fma(da, db, d[kOff + I]..., accumulate ? G::ScaleOut::One : G::ScaleOut::Zero);
 }
 template <class Atom, int N, size_t... I>
 __device__ __forceinline__ void gmma_rs_impl(const uint32_t (&a)[4], uint64_t db, float (&d)[N],
@@ -204,17 +205,21 @@ __device__ __forceinline__ void gmma_rs_impl(const uint32_t (&a)[4], uint64_t db
 // (N / 2 per thread, the m64nN accumulator layout).
 template <typename T, int N>
 __device__ __forceinline__ void gmma_ss(uint64_t da, uint64_t db, float (&d)[N / 2], bool accumulate) {
-  gmma_ss_impl<typename GmmaAtoms<T, N>::SS, N / 2>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
+  gmma_ss_impl<typename GmmaAtoms<T, N>::SS, 0>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
 }
-// D[64 x N] (+)= A[64 x 16] * B[16 x N], both from smem and MN-major (A stored [k][m], B [k][n]).
-template <typename T, int N>
-__device__ __forceinline__ void gmma_ss_mn(uint64_t da, uint64_t db, float (&d)[N / 2], bool accumulate) {
-  gmma_ss_impl<typename GmmaAtoms<T, N>::SS_MN, N / 2>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
+// D[64 x N] (+)= A[64 x 16] * B[16 x N], both from smem and MN-major (A stored [k][m], B [k][n]);
+// D: accumulators [kOff, kOff + N / 2) of d (columns [2 kOff, 2 kOff + N) of a wider accumulator).
+template <typename T, int N, int kOff = 0, int M>
+__device__ __forceinline__ void gmma_ss_mn(uint64_t da, uint64_t db, float (&d)[M], bool accumulate) {
+  static_assert(kOff + N / 2 <= M, "accumulators");
+  gmma_ss_impl<typename GmmaAtoms<T, N>::SS_MN, kOff>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
 }
-// D[64 x N] += A[64 x 16] (smem, K-major: stored [m][k]) * B[16 x N] (smem, MN-major: stored [k][n]).
-template <typename T, int N>
-__device__ __forceinline__ void gmma_ss_kmn(uint64_t da, uint64_t db, float (&d)[N / 2], bool accumulate) {
-  gmma_ss_impl<typename GmmaAtoms<T, N>::SS_KMN, N / 2>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
+// D[64 x N] += A[64 x 16] (smem, K-major: stored [m][k]) * B[16 x N] (smem, MN-major: stored [k][n]);
+// D as for gmma_ss_mn.
+template <typename T, int N, int kOff = 0, int M>
+__device__ __forceinline__ void gmma_ss_kmn(uint64_t da, uint64_t db, float (&d)[M], bool accumulate) {
+  static_assert(kOff + N / 2 <= M, "accumulators");
+  gmma_ss_impl<typename GmmaAtoms<T, N>::SS_KMN, kOff>(da, db, d, accumulate, std::make_index_sequence<N / 2>{});
 }
 // D[64 x N] += A[64 x 16] (registers, the mma.m16n8k16 A layout per warp) * B (smem, MN-major).
 template <typename T, int N>

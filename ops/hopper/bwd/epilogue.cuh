@@ -15,8 +15,8 @@
 namespace fm3::hopper::sm90 {
 
 // dk, dv: the mainloop's accumulators (bwd/mainloop.cuh, bwd/mainloop_split_d.cuh), columns
-// [col0, col0 + kDkCols) of rows key_local and key_local + 8; tid: this thread; cw: the consumer
-// warpgroup; t: lane % 4.
+// [col0, col0 + kDkCols) of rows key_local and key_local + 8 in the order of BwdWgmmaTraits::acc_col;
+// tid: this thread; cw: the consumer warpgroup; t: lane % 4.
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_epilogue(const bwd::BwdArgs& a,
                                              const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
@@ -35,7 +35,7 @@ __device__ __forceinline__ void bwd_epilogue(const bwd::BwdArgs& a,
     const int row = key_local + 8 * r;
 #pragma unroll
     for (int j = 0; j < Tr::kDkCols / 8; ++j) {
-      const int off = row * Tr::kEpiPitch + (col0 + 8 * j + 2 * t) * 2;
+      const int off = row * Tr::kEpiPitch + (Tr::acc_col(cw, j) + 2 * t) * 2;
       *reinterpret_cast<uint32_t*>(stage_k + off) = Mma<T>::pack(dk[j * 4 + 2 * r] * a.scale, dk[j * 4 + 2 * r + 1] * a.scale);
       *reinterpret_cast<uint32_t*>(stage_v + off) = Mma<T>::pack(dv[j * 4 + 2 * r], dv[j * 4 + 2 * r + 1]);
     }

@@ -1,18 +1,20 @@
-// Backward WGMMA kernel (bwd/kernel.cuh): the consumers at head dim 256 (BwdWgmmaTraits::kSplitD),
-// two warpgroups on 64 x 64 tiles that share the key block's 64 keys and split the rest (the
-// FlashAttention-3 shape at this head dim: a warpgroup's dK and dV over all 256 columns would take
-// 256 registers per thread). Per query tile of the ring, warpgroup cw:
-//   S^T, dP^T for its 32 queries [32 cw, 32 cw + 32): 64 keys x 32 queries, K = 256
+// Backward WGMMA kernel (bwd/kernel.cuh): the consumers at head dims 192 and 256
+// (BwdWgmmaTraits::kSplitD), two warpgroups on 64 x 64 tiles that share the key block's 64 keys and
+// split the rest (the FlashAttention-3 shape at 256: a warpgroup's dK and dV over all the columns
+// would take 192 / 256 registers per thread). Per query tile of the ring, warpgroup cw:
+//   S^T, dP^T for its 32 queries [32 cw, 32 cw + 32): 64 keys x 32 queries, K = the head dim
 //   P^T, dS^T (fp32, masked per element on partial tiles) into shared memory as bf16/fp16 halves of
 //     the [keys][queries] tiles (both warpgroups' halves behind a named barrier)
-//   dV += P^T dO, dK += dS^T Q for its 128 columns [128 cw, 128 cw + 128) (A from shared memory:
+//   dV += P^T dO, dK += dS^T Q for its C = D / 2 columns [C cw, C cw + C) (A from shared memory:
 //     P^T / dS^T, K-major; B = dO / Q, MN-major)
-//   dQ = dS K for its 128 columns (A = dS^T, MN-major; B = K, MN-major), handed to the dQ writer
+//   dQ = dS K for its C columns (A = dS^T, MN-major; B = K, MN-major), handed to the dQ writer
 // The Q / dO stage is handed back once dV and dK have read it, while dQ runs. One dS^T / P^T buffer
 // (the 227 KiB hold no second one at this head dim): a second named barrier keeps a tile's stores
 // behind both warpgroups' reads of the previous tile.
 #pragma once
 #include <stdint.h>
+
+#include <type_traits>  // std::integral_constant
 
 #include "attn_args.h"  // BwdArgs
 #include "bwd/consumer_ring.cuh"
@@ -25,23 +27,39 @@
 
 namespace fm3::hopper::sm90 {
 
+// Calls gemm(n, off, byte_offset) for the pieces of warpgroup kCw's columns of a 128-byte-swizzled
+// MN-major operand (B of dV, dK, dQ) whose 64-column sub-tiles lie kSubBytes apart, in the order of
+// its accumulators (BwdWgmmaTraits::acc_col): a WGMMA of N = n columns at byte_offset into the
+// operand, on the accumulators [off, off + n / 2). A WGMMA that starts at a sub-tile's first column
+// may run on into the next ones (the descriptor's leading byte offset); one that starts inside a
+// sub-tile (warpgroup 1's first 32 columns at 192) must end with it, or its rows would run into the
+// next row.
+template <class Tr, int kCw, uint32_t kSubBytes, class F>
+__device__ __forceinline__ void for_col_pieces(F&& gemm) {
+  using std::integral_constant;
+  constexpr int kWhole = Tr::split_whole_cols(kCw), kHalf = Tr::kDkCols - kWhole;
+  constexpr int kWholeCol = Tr::split_whole_col(kCw), kHalfCol = Tr::split_half_col(kCw);
+  static_assert(kWhole % 64 == 0 && kWhole > 0 && kHalf % 32 == 0 && kHalf < 64, "whole sub-tiles, then a half");
+  gemm(integral_constant<int, kWhole>{}, integral_constant<int, 0>{}, (kWholeCol / 64) * kSubBytes);
+  if constexpr (kHalf > 0)
+    gemm(integral_constant<int, kHalf>{}, integral_constant<int, kWhole / 2>{},
+         (kHalfCol / 64) * kSubBytes + (kHalfCol % 64) * 2);
+}
+
 template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
                                                      const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
                                                      const BwdBlock& blk, int tid, int warp, int lane, int wg) {
   using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
-  static_assert(Tr::kSplitD && kBlockM == 64 && kBlockN == 64 && Tr::kConsumerWGs == 2, "the head-dim-256 consumers");
+  static_assert(Tr::kSplitD && kBlockM == 64 && kBlockN == 64 && Tr::kConsumerWGs == 2, "the split-D consumers");
   constexpr int kQw = kBlockM / 2;   // S^T / dP^T queries per warpgroup
   constexpr int kS = kQw / 2;        // S^T / dP^T accumulators per thread (64 x 32)
-  constexpr int kCols = Tr::kDkCols;  // dK / dV / dQ columns per warpgroup (128)
+  constexpr int kCols = Tr::kDkCols;  // dK / dV / dQ columns per warpgroup (96, 128)
   constexpr int kPtOff = kBlockN * kBlockM * 2;  // P^T after dS^T in the buffer
   const int cw = wg - 1;
   const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
   const int g = lane / 4, t = lane % 4;
   const int key_local = wq * 16 + g;  // this thread's keys: key_local and key_local + 8
-  float dk[Tr::kDkRegs], dv[Tr::kDkRegs];
-#pragma unroll
-  for (int i = 0; i < Tr::kDkRegs; ++i) dk[i] = dv[i] = 0.f;
   BwdConsumerRing<Tr> ring;
   // Operand descriptors, built once; a tile's operands are these moved by constant byte offsets.
   const SmemDesc dsc_k = smem_desc(sm.sK, 16, 1024);  // A of S^T: K [keys][head dim], K-major
@@ -49,22 +67,58 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
   const SmemDesc dsc_q = smem_desc(sm.sQ + cw * kQw * 128, 16, 1024);  // B of S^T: this warpgroup's queries
   const SmemDesc dsc_do = smem_desc(sm.sdO + cw * kQw * 128, 16, 1024);
   const SmemDesc dsc_ds = smem_desc(sm.sdS, 16, 1024);  // dS^T / P^T [keys][queries]: A of dK, dV (K-major), dQ (MN-major)
-  const SmemDesc dsc_q_mn = smem_desc(sm.sQ + cw * 2 * kBlockM * 128, kBlockM * 128, 1024);  // B of dK: this warpgroup's columns
-  const SmemDesc dsc_do_mn = smem_desc(sm.sdO + cw * 2 * kBlockM * 128, kBlockM * 128, 1024);
-  const SmemDesc dsc_k_mn = smem_desc(sm.sK + cw * 2 * kBlockN * 128, kBlockN * 128, 1024);  // B of dQ
-
-  // This warpgroup's 64 x 128 part of the dQ tile (two 64 x 64 sub-tiles of the workspace, in
-  // accumulator order, bwd::dq_tile_offset) to shared memory for the writer warp.
-  auto write_dq = [&](const float (&dq)[kCols / 2], int64_t off) {
-    ring.wait_dq_buffer(sm);
-    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqWgFloats + wq * 8 * 128 + lane * 4;
+  float dk[Tr::kDkRegs], dv[Tr::kDkRegs];
 #pragma unroll
-    for (int j = 0; j < kCols / 8; ++j)
-      *reinterpret_cast<float4*>(dst + (j / 8) * 4096 + (j % 8) * 128) =
-          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    fence_proxy_async();  // read by the bulk reduction (async proxy)
-    ring.hand_dq(sm, off, cw == 0 && wq == 0 && lane == 0);
+  for (int i = 0; i < Tr::kDkRegs; ++i) dk[i] = dv[i] = 0.f;
+
+  // Where both warpgroups lay out their columns alike (256), one code with this warpgroup's first
+  // sub-tile at run time; else (192) each its own, kCw (the products below take the warpgroup as
+  // First / Second).
+  constexpr bool kSameLayout = kCols % 64 == 0;
+  const int sub0 = kSameLayout ? cw * (kCols / 64) : 0;
+  const SmemDesc dsc_q_mn = smem_desc(sm.sQ + sub0 * kBlockM * 128, kBlockM * 128, 1024);  // B of dK, dV, dQ
+  const SmemDesc dsc_do_mn = smem_desc(sm.sdO + sub0 * kBlockM * 128, kBlockM * 128, 1024);
+  const SmemDesc dsc_k_mn = smem_desc(sm.sK + sub0 * kBlockN * 128, kBlockN * 128, 1024);
+  // Warpgroup kCw's columns (for_col_pieces), moved by sub0 sub-tiles: dV += P^T dO and dK += dS^T Q
+  // (k16 step = 16 queries: 32 bytes along the rows of P^T / dS^T, 16 rows of dO / Q); dQ = dS K (k16 step = 16 keys: 16 rows
+  // of dS^T and K); the dQ part to shared memory in the workspace's accumulator order
+  // (bwd::dq_tile_offset: 8-column group G of the tile in 64-column part G / 8) for the writer warp.
+  auto dkdv_products = [&](auto cw_c, uint32_t qoff) {
+    constexpr int kCw = decltype(cw_c)::value;
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / 16; ++ks)
+      for_col_pieces<Tr, kCw, kBlockM * 128>([&](auto n, auto off, uint32_t col) {
+        gmma_ss_kmn<T, decltype(n)::value, decltype(off)::value>(
+            dsc_ds.at(kPtOff + ks * 32), dsc_do_mn.at(qoff + ks * 2048 + col), dv, true);
+      });
+#pragma unroll
+    for (int ks = 0; ks < kBlockM / 16; ++ks)
+      for_col_pieces<Tr, kCw, kBlockM * 128>([&](auto n, auto off, uint32_t col) {
+        gmma_ss_kmn<T, decltype(n)::value, decltype(off)::value>(
+            dsc_ds.at(ks * 32), dsc_q_mn.at(qoff + ks * 2048 + col), dk, true);
+      });
   };
+  auto dq_product = [&](auto cw_c, auto& dq) {
+    constexpr int kCw = decltype(cw_c)::value;
+#pragma unroll
+    for (int ks = 0; ks < kBlockN / 16; ++ks)
+      for_col_pieces<Tr, kCw, kBlockN * 128>([&](auto n, auto off, uint32_t col) {
+        gmma_ss_mn<T, decltype(n)::value, decltype(off)::value>(
+            dsc_ds.at(ks * 2048), dsc_k_mn.at(ks * 2048 + col), dq, ks > 0);
+      });
+  };
+  auto store_dq = [&](auto cw_c, const auto& dq) {
+    constexpr int kCw = decltype(cw_c)::value;
+    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + sub0 * 4096 + wq * 8 * 128 + lane * 4;
+#pragma unroll
+    for (int j = 0; j < kCols / 8; ++j) {
+      const int group = Tr::acc_col(kCw, j) / 8;
+      *reinterpret_cast<float4*>(dst + (group / 8) * 4096 + (group % 8) * 128) =
+          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    }
+  };
+  using First = std::integral_constant<int, 0>;
+  using Second = std::integral_constant<int, 1>;
 
   mbar_wait(sm.bar_kv, 0);
   for (;;) {
@@ -127,19 +181,18 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     fence_proxy_async();                                   // the stores above are read by WGMMA (async proxy)
     named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves written
 
-    // dV += P^T dO and dK += dS^T Q (k16 step = 16 queries: 32 bytes along the rows of P^T / dS^T,
-    // 16 rows of dO / Q); then dQ = dS K (k16 step = 16 keys: 16 rows of dS^T and K).
+    // dV, dK, then dQ over this warpgroup's columns.
     gmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kBlockM / 16; ++ks)
-      gmma_ss_kmn<T, kCols>(dsc_ds.at(kPtOff + ks * 32), dsc_do_mn.at(qoff + ks * 2048), dv, true);
-#pragma unroll
-    for (int ks = 0; ks < kBlockM / 16; ++ks)
-      gmma_ss_kmn<T, kCols>(dsc_ds.at(ks * 32), dsc_q_mn.at(qoff + ks * 2048), dk, true);
+    if (kSameLayout || cw == 0)
+      dkdv_products(First{}, qoff);
+    else
+      dkdv_products(Second{}, qoff);
     gmma_commit();
     float dq[kCols / 2];
-#pragma unroll
-    for (int ks = 0; ks < kBlockN / 16; ++ks) gmma_ss_mn<T, kCols>(dsc_ds.at(ks * 2048), dsc_k_mn.at(ks * 2048), dq, ks > 0);
+    if (kSameLayout || cw == 0)
+      dq_product(First{}, dq);
+    else
+      dq_product(Second{}, dq);
     gmma_commit();
     gmma_wait<1>();  // dV, dK done: Q, dO, lse2, delta of this stage are no longer read
     fence_regs(dk);
@@ -147,7 +200,13 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     ring.release(sm);
     gmma_wait<0>();
     fence_regs(dq);
-    write_dq(dq, (ring.head_off + m0) * kHeadDim);
+    ring.wait_dq_buffer(sm);
+    if (kSameLayout || cw == 0)
+      store_dq(First{}, dq);
+    else
+      store_dq(Second{}, dq);
+    fence_proxy_async();  // read by the bulk reduction (async proxy)
+    ring.hand_dq(sm, (ring.head_off + m0) * Tr::kTileDim, cw == 0 && wq == 0 && lane == 0);
   }
 
   ring.wait_dq_buffer(sm);  // the end of the dQ stream

@@ -15,23 +15,22 @@ template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 struct BwdWgmmaTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
-  // kHeadDim: the width of the products (the larger of the two head dims; 256 for the split-D path,
-  // which serves 192 and 192/128 padded). Shared memory holds Q, K, V, dO in 128-byte-swizzled
-  // sub-tiles of 64 columns, kTileDim wide (paddle_fm3_build/kernel_rules.py, the dQ accumulator's rows
-  // too): the TMA loads fill the columns past the head dims with zeros, S^T / dP^T reduce over
-  // kHeadDim only and dV, dK take N = kHeadDim (a WGMMA may end inside a swizzle atom, as the
-  // forward's P V does).
+  // kHeadDim: the width of the products (the larger of the two head dims). Shared memory holds Q, K,
+  // V, dO in 128-byte-swizzled sub-tiles of 64 columns, kTileDim wide (paddle_fm3_build/kernel_rules.py,
+  // the dQ accumulator's rows too): the TMA loads fill the columns past the head dims with zeros,
+  // S^T / dP^T reduce over kHeadDim only and dV, dK take N = kHeadDim (a WGMMA may end inside a
+  // swizzle atom, as the forward's P V does).
   static constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
-  static_assert(kHeadDim % 16 == 0 && (kHeadDim <= 128 || kHeadDim == 256),
-                "WGMMA backward: head dims that are multiples of 16 up to 128, or the split-D 256");
-  // Head dim 256 (kSplitD): 64 x 64 tiles and two warpgroups that share the 64 keys and split the
-  // head dim (bwd/mainloop_split_d.cuh): a warpgroup's dK and dV over all 256 columns would take 256
-  // registers per thread. Otherwise 64 keys per consumer warpgroup (bwd/mainloop.cuh).
-  static constexpr bool kSplitD = kHeadDim == 256;
+  static_assert(kHeadDim % 16 == 0 && (kHeadDim <= 128 || kHeadDim == 192 || kHeadDim == 256),
+                "WGMMA backward: head dims that are multiples of 16 up to 128, or the split-D 192 and 256");
+  // Head dims 192 and 256 (kSplitD): 64 x 64 tiles and two warpgroups that share the 64 keys and
+  // split the head dim (bwd/mainloop_split_d.cuh): a warpgroup's dK and dV over all the columns would
+  // take 192 / 256 registers per thread. Otherwise 64 keys per consumer warpgroup (bwd/mainloop.cuh).
+  static constexpr bool kSplitD = kHeadDim > 128;
   // The deterministic dQ writer reads its next tile from the ring ahead of the dQ (bwd/dq_writer.cuh;
   // the ring's empty barriers then count it) where the consumers release a tile's Q / dO stage only
   // after handing its dQ over (bwd/mainloop.cuh): the writer has read the entry by then (the first
-  // tile aside), so it does not hold the producer back. The head-dim-256 loop releases the stage first.
+  // tile aside), so it does not hold the producer back. The split-D loop releases the stage first.
   static constexpr bool kRingTileAhead = !kSplitD;
   // Deterministic mode with kRingTileAhead: two writer threads take turns, even and odd tiles, so that
   // one adds its tile while the other passes its own on (bwd/dq_writer.cuh). Each reads every other
@@ -52,17 +51,19 @@ struct BwdWgmmaTraits {
   static_assert(kSplitD ? kBlockM == 64 && kBlockN == 64
                         : kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
                 "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per "
-                "warpgroup), 64 x 64 at head dim 256");
+                "warpgroup), 64 x 64 at head dims 192 and 256");
   static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
                 "a tile must lie inside one block_mask block");
   static_assert(kStages >= 1 && kStages <= 16, "stages");
   static constexpr int kQSub = kBlockM / 64;  // 64-query sub-tiles of dS^T (128-byte rows)
   // dQ = dS K, split between the warpgroups: along the queries when the tile has 64 per warpgroup,
-  // else along the head dim when it divides into whole 64-column sub-tiles (one per warpgroup, two
-  // at head dim 256), else along the keys. In the first two, each warpgroup's part is its own
-  // kDqWgFloats of the tile in the dQ workspace (64 x 64 sub-tiles, bwd::dq_tile_offset).
+  // else along the head dim when it divides into whole 64-column sub-tiles (one per warpgroup at 128,
+  // two at 256) or on the split-D path (96 columns each at 192), else along the keys. In the first
+  // two, the warpgroups write disjoint elements of the tile, which the writer adds as kConsumerWGs
+  // parts of kDqWgFloats (at 128 and 256 each warpgroup's own, at 192 halves of the tile that both
+  // write into; the workspace's 64 x 64 sub-tiles, bwd::dq_tile_offset).
   static constexpr bool kDqSplitM = kQSub == kConsumerWGs;
-  static constexpr bool kDqSplitD = !kDqSplitM && kDChunks % kConsumerWGs == 0;
+  static constexpr bool kDqSplitD = !kDqSplitM && (kSplitD || kDChunks % kConsumerWGs == 0);
   static constexpr bool kDqOwnPart = kDqSplitM || kDqSplitD;
   static constexpr int kDqKeys = kDqOwnPart ? kBlockN : 64;
   static constexpr int kDqCols = kDqSplitD ? kTileDim / kConsumerWGs : 64;  // a warpgroup's dQ columns
@@ -70,20 +71,36 @@ struct BwdWgmmaTraits {
   // dK / dV: a warpgroup's rows (keys) and columns, kDkRegs accumulators per thread each.
   static constexpr int kDkCols = kSplitD ? kHeadDim / kConsumerWGs : kHeadDim;
   static constexpr int kDkRegs = kDkCols / 2;
+  // A split-D warpgroup's columns [cw kDkCols, (cw + 1) kDkCols) in its dK / dV / dQ accumulators:
+  // the whole 64-column sub-tiles first, from split_whole_col, then (at 192) the half sub-tile from
+  // split_half_col. Both warpgroups keep the same register layout (N = 64 on the first 32
+  // accumulators, N = 32 on the next 16): ptxas serializes the WGMMAs where the two differ.
+  __host__ __device__ static constexpr int split_whole_col(int cw) { return (cw * kDkCols + 63) / 64 * 64; }
+  __host__ __device__ static constexpr int split_whole_cols(int cw) {
+    return ((cw + 1) * kDkCols - split_whole_col(cw)) / 64 * 64;
+  }
+  __host__ __device__ static constexpr int split_half_col(int cw) {
+    return split_whole_col(cw) == cw * kDkCols ? cw * kDkCols + split_whole_cols(cw) : cw * kDkCols;
+  }
+  // The first column of accumulator group j (8 columns: accumulators 4j .. 4j + 3) of warpgroup cw.
+  __host__ __device__ static constexpr int acc_col(int cw, int j) {
+    if (!kSplitD) return 8 * j;
+    return 8 * j < split_whole_cols(cw) ? split_whole_col(cw) + 8 * j : split_half_col(cw) + 8 * j - split_whole_cols(cw);
+  }
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
                 "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
   // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
   static constexpr int kKBytes = kBlockN * kTileDim * 2;
   static constexpr int kQBytes = kBlockM * kTileDim * 2;
-  // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows; at head dim 256 followed by P^T (the A
+  // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows; on the split-D path followed by P^T (the A
   // operand of dV, from shared memory there).
   static constexpr int kDsBytes = (kSplitD ? 2 : 1) * kBlockN * kBlockM * 2;
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kKBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
-  static constexpr int kDsBuffers = kSplitD ? 1 : 2;  // dS^T buffers (tile % 2); one at head dim 256 (kSm90SmemLimit)
+  static constexpr int kDsBuffers = kSplitD ? 1 : 2;  // dS^T buffers (tile % 2); one on the split-D path (kSm90SmemLimit)
   static constexpr int kOffdS = kOffdO + kStages * kQBytes;
   static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
   // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
