@@ -15,7 +15,8 @@ template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
 struct BwdWgmmaTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
-  // kHeadDim: the width of the products (the larger of the two head dims). Shared memory holds Q, K,
+  // kHeadDim: the width of the products (the larger of the two head dims; on the split-D path the
+  // tile head dim, flash_bwd_launch.cu). Shared memory holds Q, K,
   // V, dO in 128-byte-swizzled sub-tiles of 64 columns, kTileDim wide (paddle_fm3_build/kernel_rules.py,
   // the dQ accumulator's rows too): the TMA loads fill the columns past the head dims with zeros,
   // S^T / dP^T reduce over kHeadDim only and dV, dK take N = kHeadDim (a WGMMA may end inside a
