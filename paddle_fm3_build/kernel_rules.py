@@ -12,8 +12,9 @@ the columns past it with zeros (exact: they add 0 to every product) and the stor
 real ones. The forward reduces S = Q K^T over the real head dim only (k16 steps). The backward's tile
 head dim (its shared-memory layout and the dQ accumulator's rows) is the smallest it is built for (64,
 128, 192, 256) that holds both head dims; its products run at the larger head dim itself (80 and 96
-reduce and accumulate over 80 and 96 columns; 192/128 runs at 192, v's columns past 128 zero), and
-at 192 and 256 (the split-D path) its two consumer warpgroups split the row in halves.
+reduce and accumulate over 80 and 96 columns), and at 192 and 256 (the split-D path) its two consumer
+warpgroups split the row in halves, there the products of V and dO (dP^T, dV) at v's head dim rounded
+up to 64 (192/128: 128).
 The mma.sync kernels (fallback, and FM3_FWD_KERNEL / FM3_BWD_KERNEL=mma_sync) have no zero fill:
 they serve equal head dims that are multiples of 64.
 """

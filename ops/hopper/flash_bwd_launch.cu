@@ -94,7 +94,8 @@ bool env_is(const char* name, const char* value) {  // read per call, so a test 
 
 // TD: the tile head dim (kernel_rules.py; q, k, v, dO are read at their real head dims, zeros past
 // them), D: q's head dim (dQ's columns), DV: v's. The kernel's products run at the larger head dim
-// (bwd/traits.cuh), on the split-D path (tile head dims 192 and 256) at the tile head dim.
+// (bwd/traits.cuh), on the split-D path (tile head dims 192 and 256) at the tile head dim, those of
+// V and dO there at DV rounded up to 64 (MLA's 192 / 128: 128).
 template <typename T, int TD, int D, int DV, int BM, int BN, int ST>
 int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
   if (env_is("FM3_BWD_KERNEL", "mma_sync")) return -1;
@@ -104,10 +105,11 @@ int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err
                        args.o_hs, args.o_bs, BM))
     return -1;
   constexpr int KD = TD >= 192 ? TD : (D > DV ? D : DV);
-  using Tr = sm90::BwdWgmmaTraits<T, KD, BM, BN, ST>;
+  constexpr int KDV = TD >= 192 ? (DV + 63) / 64 * 64 : KD;
+  using Tr = sm90::BwdWgmmaTraits<T, KD, KDV, BM, BN, ST>;
   // Deterministic mode too writes dQ from this kernel, the parts of a tile added in key-block order
   // (args.dq_semaphore, set by fm3_cuda_bwd).
-  auto kernel = sm90::flash_bwd_wgmma_kernel<T, KD, BM, BN, ST>;
+  auto kernel = sm90::flash_bwd_wgmma_kernel<T, KD, KDV, BM, BN, ST>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Tr::kSmemBytes)));
   using Sched = sm90::BwdTileScheduler<BM, BN>;

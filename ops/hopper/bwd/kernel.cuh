@@ -40,12 +40,12 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
-__global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>::kThreads, 1)
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages>
+__global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>::kThreads, 1)
     flash_bwd_wgmma_kernel(const __grid_constant__ bwd::BwdArgs a, const __grid_constant__ CUtensorMap tmap_q,
                            const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v,
                            const __grid_constant__ CUtensorMap tmap_do) {
-  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const BwdSmem<Tr> sm(smem_raw);
 
@@ -73,14 +73,14 @@ __global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, 
     const int writers = Tr::dq_writers(a.dq_semaphore != nullptr);
     if (lane == 0 && warp >= 1 && warp <= writers) bwd_dq_writer(a, sm, blk, warp - 1);
     if (warp != 0) return;  // warp 0 schedules and loads
-    bwd_producer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, &tmap_q, &tmap_k, &tmap_v, &tmap_do, blk, lane);
+    bwd_producer<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, &tmap_q, &tmap_k, &tmap_v, &tmap_do, blk, lane);
     return;
   }
   reg_alloc<Tr::kConsumerRegs>();
   if constexpr (Tr::kSplitD)
-    bwd_consumer_split_d<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
+    bwd_consumer_split_d<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
   else
-    bwd_consumer<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
+    bwd_consumer<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
 }
 
 }  // namespace fm3::hopper::sm90

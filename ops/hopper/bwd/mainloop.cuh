@@ -32,16 +32,16 @@ namespace fm3::hopper::sm90 {
 // The dK / dV accumulators live in this function across the tile loop and go to the epilogue at the
 // end. tid, warp, lane: this thread; wg: its warpgroup, broadcast from lane 0 so the compiler sees it
 // warp-uniform.
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
-                                             const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                             const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>>& sm,
                                              const BwdBlock& blk, int tid, int warp, int lane, int wg) {
-  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>;
   const int cw = wg - 1;   // consumer warpgroup: keys [cw * 64, cw * 64 + 64) of the block
   const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
   const int g = lane / 4, t = lane % 4;
   const int key_local = cw * 64 + wq * 16 + g;  // this thread's keys: key_local and key_local + 8
-  float dk[Tr::kDkRegs], dv[Tr::kDkRegs];  // m64 x kHeadDim each
+  float dk[Tr::kDkRegs], dv[Tr::kDvRegs];  // m64 x kHeadDim each (kHeadDimV == kHeadDim here)
 #pragma unroll
   for (int i = 0; i < Tr::kDkRegs; ++i) dk[i] = dv[i] = 0.f;
   BwdConsumerRing<Tr> ring;
@@ -213,7 +213,7 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
   ring.wait_dq_buffer(sm);  // the end of the dQ stream
   ring.hand_dq(sm, -1, cw == 0 && wq == 0 && lane == 0);
 
-  bwd_epilogue<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
+  bwd_epilogue<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
 }
 
 }  // namespace fm3::hopper::sm90

@@ -3,10 +3,12 @@
 // split the rest (the FlashAttention-3 shape at 256: a warpgroup's dK and dV over all the columns
 // would take 192 / 256 registers per thread). Per query tile of the ring, warpgroup cw:
 //   S^T, dP^T for its 32 queries [32 cw, 32 cw + 32): 64 keys x 32 queries, K = the head dim
+//     (D for S^T, D_v for dP^T)
 //   P^T, dS^T (fp32, masked per element on partial tiles) into shared memory as bf16/fp16 halves of
 //     the [keys][queries] tiles (both warpgroups' halves behind a named barrier)
-//   dV += P^T dO, dK += dS^T Q for its C = D / 2 columns [C cw, C cw + C) (A from shared memory:
-//     P^T / dS^T, K-major; B = dO / Q, MN-major)
+//   dV += P^T dO for its C_v = D_v / 2 columns [C_v cw, C_v cw + C_v), dK += dS^T Q for its
+//     C = D / 2 columns [C cw, C cw + C) (A from shared memory: P^T / dS^T, K-major; B = dO / Q,
+//     MN-major)
 //   dQ = dS K for its C columns (A = dS^T, MN-major; B = K, MN-major), handed to the dQ writer
 // The Q / dO stage is handed back once dV and dK have read it, while dQ runs. One dS^T / P^T buffer
 // (the 227 KiB hold no second one at this head dim): a second named barrier keeps a tile's stores
@@ -27,34 +29,36 @@
 
 namespace fm3::hopper::sm90 {
 
-// Calls gemm(n, off, byte_offset) for the pieces of warpgroup kCw's columns of a 128-byte-swizzled
-// MN-major operand (B of dV, dK, dQ) whose 64-column sub-tiles lie kSubBytes apart, in the order of
-// its accumulators (BwdWgmmaTraits::acc_col): a WGMMA of N = n columns at byte_offset into the
-// operand, on the accumulators [off, off + n / 2). A WGMMA that starts at a sub-tile's first column
-// may run on into the next ones (the descriptor's leading byte offset); one that starts inside a
-// sub-tile (warpgroup 1's first 32 columns at 192) must end with it, or its rows would run into the
-// next row.
-template <class Tr, int kCw, uint32_t kSubBytes, class F>
+// Calls gemm(n, off, byte_offset) for the pieces of warpgroup kCw's kCols columns of a
+// 128-byte-swizzled MN-major operand (B of dV, dK, dQ) whose 64-column sub-tiles lie kSubBytes apart,
+// in the order of its accumulators (BwdWgmmaTraits::acc_col): a WGMMA of N = n columns at
+// byte_offset into the operand, on the accumulators [off, off + n / 2). A WGMMA that starts at a
+// sub-tile's first column may run on into the next ones (the descriptor's leading byte offset); one
+// that starts inside a sub-tile (warpgroup 1's first 32 columns at 192) must end with it, or its
+// rows would run into the next row.
+template <class Tr, int kCols, int kCw, uint32_t kSubBytes, class F>
 __device__ __forceinline__ void for_col_pieces(F&& gemm) {
   using std::integral_constant;
-  constexpr int kWhole = Tr::split_whole_cols(kCw), kHalf = Tr::kDkCols - kWhole;
-  constexpr int kWholeCol = Tr::split_whole_col(kCw), kHalfCol = Tr::split_half_col(kCw);
-  static_assert(kWhole % 64 == 0 && kWhole > 0 && kHalf % 32 == 0 && kHalf < 64, "whole sub-tiles, then a half");
-  gemm(integral_constant<int, kWhole>{}, integral_constant<int, 0>{}, (kWholeCol / 64) * kSubBytes);
+  constexpr int kWhole = Tr::split_whole_cols(kCols, kCw), kHalf = kCols - kWhole;
+  constexpr int kWholeCol = Tr::split_whole_col(kCols, kCw), kHalfCol = Tr::split_half_col(kCols, kCw);
+  static_assert(kWhole % 64 == 0 && kHalf % 32 == 0 && kHalf < 64, "whole sub-tiles, then a half");
+  if constexpr (kWhole > 0)
+    gemm(integral_constant<int, kWhole>{}, integral_constant<int, 0>{}, (kWholeCol / 64) * kSubBytes);
   if constexpr (kHalf > 0)
     gemm(integral_constant<int, kHalf>{}, integral_constant<int, kWhole / 2>{},
          (kHalfCol / 64) * kSubBytes + (kHalfCol % 64) * 2);
 }
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
-                                                     const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                                     const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>>& sm,
                                                      const BwdBlock& blk, int tid, int warp, int lane, int wg) {
-  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>;
   static_assert(Tr::kSplitD && kBlockM == 64 && kBlockN == 64 && Tr::kConsumerWGs == 2, "the split-D consumers");
   constexpr int kQw = kBlockM / 2;   // S^T / dP^T queries per warpgroup
   constexpr int kS = kQw / 2;        // S^T / dP^T accumulators per thread (64 x 32)
-  constexpr int kCols = Tr::kDkCols;  // dK / dV / dQ columns per warpgroup (96, 128)
+  constexpr int kCols = Tr::kDkCols;    // dK / dQ columns per warpgroup (96, 128)
+  constexpr int kColsV = Tr::kDvCols;   // dV columns per warpgroup (64 at MLA's 192 / 128)
   constexpr int kPtOff = kBlockN * kBlockM * 2;  // P^T after dS^T in the buffer
   const int cw = wg - 1;
   const int wq = warp % 4;  // warp within the warpgroup: 16 keys (S^T rows) / 16 queries (dQ rows)
@@ -67,34 +71,36 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
   const SmemDesc dsc_q = smem_desc(sm.sQ + cw * kQw * 128, 16, 1024);  // B of S^T: this warpgroup's queries
   const SmemDesc dsc_do = smem_desc(sm.sdO + cw * kQw * 128, 16, 1024);
   const SmemDesc dsc_ds = smem_desc(sm.sdS, 16, 1024);  // dS^T / P^T [keys][queries]: A of dK, dV (K-major), dQ (MN-major)
-  float dk[Tr::kDkRegs], dv[Tr::kDkRegs];
+  float dk[Tr::kDkRegs], dv[Tr::kDvRegs];
 #pragma unroll
-  for (int i = 0; i < Tr::kDkRegs; ++i) dk[i] = dv[i] = 0.f;
+  for (int i = 0; i < Tr::kDkRegs; ++i) dk[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < Tr::kDvRegs; ++i) dv[i] = 0.f;
 
   // Where both warpgroups lay out their columns alike (256), one code with this warpgroup's first
   // sub-tile at run time; else (192) each its own, kCw (the products below take the warpgroup as
   // First / Second; one dispatch helper for the three made ptxas spill more, so each is spelled out).
-  constexpr bool kSameLayout = kCols % 64 == 0;
-  const int sub0 = kSameLayout ? cw * (kCols / 64) : 0;
+  constexpr bool kSameLayout = kCols % 64 == 0 && kColsV % 64 == 0;
+  const int sub0 = kSameLayout ? cw * (kCols / 64) : 0, sub0v = kSameLayout ? cw * (kColsV / 64) : 0;
   const SmemDesc dsc_q_mn = smem_desc(sm.sQ + sub0 * kBlockM * 128, kBlockM * 128, 1024);  // B of dK, dV, dQ
-  const SmemDesc dsc_do_mn = smem_desc(sm.sdO + sub0 * kBlockM * 128, kBlockM * 128, 1024);
+  const SmemDesc dsc_do_mn = smem_desc(sm.sdO + sub0v * kBlockM * 128, kBlockM * 128, 1024);
   const SmemDesc dsc_k_mn = smem_desc(sm.sK + sub0 * kBlockN * 128, kBlockN * 128, 1024);
   // Warpgroup kCw's columns (for_col_pieces), moved by sub0 sub-tiles: dV += P^T dO and dK += dS^T Q
   // (k16 step = 16 queries: 32 bytes along the rows of P^T / dS^T, 16 rows of dO / Q); dQ = dS K
   // (k16 step = 16 keys: 16 rows of dS^T and K); the dQ part to shared memory in the workspace's
   // accumulator order (bwd::dq_tile_offset: 8-column group G of the tile in 64-column part G / 8) for
   // the writer warp.
-  auto dkdv_products = [&](auto cw_c, uint32_t qoff) {
+  auto dkdv_products = [&](auto cw_c, uint32_t qoff, uint32_t dooff) {
     constexpr int kCw = decltype(cw_c)::value;
 #pragma unroll
     for (int ks = 0; ks < kBlockM / 16; ++ks)
-      for_col_pieces<Tr, kCw, kBlockM * 128>([&](auto n, auto off, uint32_t col) {
+      for_col_pieces<Tr, kColsV, kCw, kBlockM * 128>([&](auto n, auto off, uint32_t col) {
         gmma_ss_kmn<T, decltype(n)::value, decltype(off)::value>(
-            dsc_ds.at(kPtOff + ks * 32), dsc_do_mn.at(qoff + ks * 2048 + col), dv, true);
+            dsc_ds.at(kPtOff + ks * 32), dsc_do_mn.at(dooff + ks * 2048 + col), dv, true);
       });
 #pragma unroll
     for (int ks = 0; ks < kBlockM / 16; ++ks)
-      for_col_pieces<Tr, kCw, kBlockM * 128>([&](auto n, auto off, uint32_t col) {
+      for_col_pieces<Tr, kCols, kCw, kBlockM * 128>([&](auto n, auto off, uint32_t col) {
         gmma_ss_kmn<T, decltype(n)::value, decltype(off)::value>(
             dsc_ds.at(ks * 32), dsc_q_mn.at(qoff + ks * 2048 + col), dk, true);
       });
@@ -103,7 +109,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     constexpr int kCw = decltype(cw_c)::value;
 #pragma unroll
     for (int ks = 0; ks < kBlockN / 16; ++ks)
-      for_col_pieces<Tr, kCw, kBlockN * 128>([&](auto n, auto off, uint32_t col) {
+      for_col_pieces<Tr, kCols, kCw, kBlockN * 128>([&](auto n, auto off, uint32_t col) {
         gmma_ss_mn<T, decltype(n)::value, decltype(off)::value>(
             dsc_ds.at(ks * 2048), dsc_k_mn.at(ks * 2048 + col), dq, ks > 0);
       });
@@ -113,7 +119,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + sub0 * 4096 + wq * 8 * 128 + lane * 4;
 #pragma unroll
     for (int j = 0; j < kCols / 8; ++j) {
-      const int group = Tr::acc_col(kCw, j) / 8;
+      const int group = Tr::acc_col(kCols, kCw, j) / 8;
       *reinterpret_cast<float4*>(dst + (group / 8) * 4096 + (group % 8) * 128) =
           make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
     }
@@ -128,7 +134,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     if (!ring.next(a, sm, blk, key_local, m0, partial)) break;
     const int stage = ring.stage;
     const ColumnBounds* cb = ring.cb;
-    const uint32_t qoff = stage * Tr::kQBytes;
+    const uint32_t qoff = stage * Tr::kQBytes, dooff = stage * Tr::kdOBytes;
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 32 queries.
     float s[kS], dp[kS];
@@ -141,9 +147,9 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     }
     gmma_commit();
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    for (int ks = 0; ks < kHeadDimV / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;
-      gmma_ss<T, kQw>(dsc_v.at((ks / 4) * kBlockN * 128 + off), dsc_do.at(qoff + (ks / 4) * kBlockM * 128 + off), dp,
+      gmma_ss<T, kQw>(dsc_v.at((ks / 4) * kBlockN * 128 + off), dsc_do.at(dooff + (ks / 4) * kBlockM * 128 + off), dp,
                       ks > 0);
     }
     gmma_commit();
@@ -185,9 +191,9 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     // dV, dK, then dQ over this warpgroup's columns.
     gmma_fence();
     if (kSameLayout || cw == 0)
-      dkdv_products(First{}, qoff);
+      dkdv_products(First{}, qoff, dooff);
     else
-      dkdv_products(Second{}, qoff);
+      dkdv_products(Second{}, qoff, dooff);
     gmma_commit();
     float dq[kCols / 2];
     if (kSameLayout || cw == 0)
@@ -213,7 +219,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
   ring.wait_dq_buffer(sm);  // the end of the dQ stream
   ring.hand_dq(sm, -1, cw == 0 && wq == 0 && lane == 0);
 
-  bwd_epilogue<T, kHeadDim, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
+  bwd_epilogue<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
 }
 
 }  // namespace fm3::hopper::sm90

@@ -20,23 +20,23 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
-                                             const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>>& sm,
+                                             const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>>& sm,
                                              const CUtensorMap* tmap_q, const CUtensorMap* tmap_k,
                                              const CUtensorMap* tmap_v, const CUtensorMap* tmap_do, const BwdBlock& blk,
                                              int lane) {
-  using Tr = BwdWgmmaTraits<T, kHeadDim, kBlockM, kBlockN, kStages>;
+  using Tr = BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>;
   const int nb = blk.nb, hk = blk.hk, b = blk.b, n0 = blk.n0, group = blk.group;
   const int n_mtiles = blk.n_mtiles, n_kblocks = blk.n_kblocks, causal_offset = blk.causal_offset;
   if (lane == 0) {
     tma_prefetch_desc(tmap_q);
     tma_prefetch_desc(tmap_do);
-    mbar_arrive_expect_tx(sm.bar_kv, 2 * Tr::kKBytes);
+    mbar_arrive_expect_tx(sm.bar_kv, Tr::kKBytes + Tr::kVBytes);
 #pragma unroll
     for (int c = 0; c < Tr::kDChunks; ++c) {
       tma_load_4d(sm.sK + c * kBlockN * 128, tmap_k, sm.bar_kv, c * 64, n0, hk, b);
-      tma_load_4d(sm.sV + c * kBlockN * 128, tmap_v, sm.bar_kv, c * 64, n0, hk, b);
+      if (c < Tr::kDChunksV) tma_load_4d(sm.sV + c * kBlockN * 128, tmap_v, sm.bar_kv, c * 64, n0, hk, b);
     }
   }
   int stage = 0, phase = 0;
@@ -65,11 +65,12 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
           sm.entry[stage] = entry;
           sm.head[stage] = h;
           const uint32_t full = sm.bar_full + 8 * stage;
-          mbar_arrive_expect_tx(full, 2 * Tr::kQBytes + 2 * kBlockM * 4);
+          mbar_arrive_expect_tx(full, Tr::kQBytes + Tr::kdOBytes + 2 * kBlockM * 4);
 #pragma unroll
           for (int c = 0; c < Tr::kDChunks; ++c) {
             tma_load_4d(sm.sQ + stage * Tr::kQBytes + c * kBlockM * 128, tmap_q, full, c * 64, m0, h, b);
-            tma_load_4d(sm.sdO + stage * Tr::kQBytes + c * kBlockM * 128, tmap_do, full, c * 64, m0, h, b);
+            if (c < Tr::kDChunksV)
+              tma_load_4d(sm.sdO + stage * Tr::kdOBytes + c * kBlockM * 128, tmap_do, full, c * 64, m0, h, b);
           }
           bulk_load_1d(sm.sLse + stage * kBlockM * 4, lse2 + m0, kBlockM * 4, full);
           bulk_load_1d(sm.sDelta + stage * kBlockM * 4, delta + m0, kBlockM * 4, full);

@@ -11,23 +11,28 @@
 
 namespace fm3::hopper::sm90 {
 
-template <typename T, int kHeadDim, int kBlockM, int kBlockN, int kStages>
+template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages>
 struct BwdWgmmaTraits {
   static constexpr int kNumStages = kStages;
   static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
-  // kHeadDim: the width of the products (the larger of the two head dims; on the split-D path the
-  // tile head dim, flash_bwd_launch.cu). Shared memory holds Q, K,
-  // V, dO in 128-byte-swizzled sub-tiles of 64 columns, kTileDim wide (paddle_fm3_build/kernel_rules.py,
-  // the dQ accumulator's rows too): the TMA loads fill the columns past the head dims with zeros,
-  // S^T / dP^T reduce over kHeadDim only and dV, dK take N = kHeadDim (a WGMMA may end inside a
-  // swizzle atom, as the forward's P V does).
+  // kHeadDim: the width of the products of Q and K (the larger of the two head dims; on the split-D
+  // path the tile head dim, flash_bwd_launch.cu); kHeadDimV: of V and dO (dP^T's reduction, dV's
+  // columns), kHeadDim but on the split-D path, where it is v's head dim rounded up to 64 (MLA's
+  // 192 / 128: dP^T and dV at 128). Shared memory holds Q, K (V, dO) in 128-byte-swizzled
+  // sub-tiles of 64 columns, kTileDim (kTileDimV) wide (paddle_fm3_build/kernel_rules.py, the dQ
+  // accumulator's rows too): the TMA loads fill the columns past the head dims with zeros, S^T /
+  // dP^T reduce over kHeadDim / kHeadDimV only and dK, dV take N = kHeadDim / kHeadDimV (a WGMMA
+  // may end inside a swizzle atom, as the forward's P V does).
   static constexpr int kTileDim = (kHeadDim + 63) / 64 * 64;
+  static constexpr int kTileDimV = (kHeadDimV + 63) / 64 * 64;
   static_assert(kHeadDim % 16 == 0 && (kHeadDim <= 128 || kHeadDim == 192 || kHeadDim == 256),
                 "WGMMA backward: head dims that are multiples of 16 up to 128, or the split-D 192 and 256");
   // Head dims 192 and 256 (kSplitD): 64 x 64 tiles and two warpgroups that share the 64 keys and
   // split the head dim (bwd/mainloop_split_d.cuh): a warpgroup's dK and dV over all the columns would
   // take 192 / 256 registers per thread. Otherwise 64 keys per consumer warpgroup (bwd/mainloop.cuh).
   static constexpr bool kSplitD = kHeadDim > 128;
+  static_assert(kSplitD ? kHeadDimV % 64 == 0 && kHeadDimV <= kHeadDim : kHeadDimV == kHeadDim,
+                "WGMMA backward: one head dim, or on the split-D path v's at most q's, a multiple of 64");
   // The deterministic dQ writer reads its next tile from the ring ahead of the dQ (bwd/dq_writer.cuh;
   // the ring's empty barriers then count it) where the consumers release a tile's Q / dO stage only
   // after handing its dQ over (bwd/mainloop.cuh): the writer has read the entry by then (the first
@@ -43,6 +48,7 @@ struct BwdWgmmaTraits {
   static constexpr int kConsumerWGs = kSplitD ? 2 : kBlockN / 64;
   static constexpr int kThreads = 128 * (1 + kConsumerWGs);
   static constexpr int kDChunks = kTileDim / 64;     // 128-byte swizzle sub-tiles along the head dim
+  static constexpr int kDChunksV = kTileDimV / 64;   // ... of V and dO
   // FlashAttention-3/4 budgets (measured: BENCHMARKS.md, Hopper backward).
   static constexpr int kConsumerRegs = 240;
   static constexpr int kProducerRegs = 24;
@@ -69,40 +75,46 @@ struct BwdWgmmaTraits {
   static constexpr int kDqKeys = kDqOwnPart ? kBlockN : 64;
   static constexpr int kDqCols = kDqSplitD ? kTileDim / kConsumerWGs : 64;  // a warpgroup's dQ columns
   static constexpr int kDqWgFloats = 64 * kDqCols;                          // a warpgroup's dQ part
-  // dK / dV: a warpgroup's rows (keys) and columns, kDkRegs accumulators per thread each.
+  // dK (and dQ) / dV: a warpgroup's rows (keys) and columns, kDkRegs / kDvRegs accumulators per thread.
   static constexpr int kDkCols = kSplitD ? kHeadDim / kConsumerWGs : kHeadDim;
   static constexpr int kDkRegs = kDkCols / 2;
-  // A split-D warpgroup's columns [cw kDkCols, (cw + 1) kDkCols) in its dK / dV / dQ accumulators:
-  // the whole 64-column sub-tiles first, from split_whole_col, then (at 192) the half sub-tile from
-  // split_half_col. Both warpgroups keep the same register layout (N = 64 on the first 32
-  // accumulators, N = 32 on the next 16): ptxas serializes the WGMMAs where the two differ.
-  __host__ __device__ static constexpr int split_whole_col(int cw) { return (cw * kDkCols + 63) / 64 * 64; }
-  __host__ __device__ static constexpr int split_whole_cols(int cw) {
-    return ((cw + 1) * kDkCols - split_whole_col(cw)) / 64 * 64;
+  static constexpr int kDvCols = kSplitD ? kHeadDimV / kConsumerWGs : kHeadDimV;
+  static constexpr int kDvRegs = kDvCols / 2;
+  // A split-D warpgroup's columns [cw cols, (cw + 1) cols) of a product cols wide per warpgroup
+  // (kDkCols: dK, dQ; kDvCols: dV) in its accumulators: the whole 64-column sub-tiles first, from
+  // split_whole_col, then (at 96 or 32 columns) the half sub-tile from split_half_col. Both
+  // warpgroups keep the same register layout (at 96: N = 64 on the first 32 accumulators, N = 32 on
+  // the next 16): ptxas serializes the WGMMAs where the two differ.
+  __host__ __device__ static constexpr int split_whole_col(int cols, int cw) { return (cw * cols + 63) / 64 * 64; }
+  __host__ __device__ static constexpr int split_whole_cols(int cols, int cw) {
+    return ((cw + 1) * cols - split_whole_col(cols, cw)) / 64 * 64;  // cols >= 32: not negative
   }
-  __host__ __device__ static constexpr int split_half_col(int cw) {
-    return split_whole_col(cw) == cw * kDkCols ? cw * kDkCols + split_whole_cols(cw) : cw * kDkCols;
+  __host__ __device__ static constexpr int split_half_col(int cols, int cw) {
+    return split_whole_col(cols, cw) == cw * cols ? cw * cols + split_whole_cols(cols, cw) : cw * cols;
   }
   // The first column of accumulator group j (8 columns: accumulators 4j .. 4j + 3) of warpgroup cw.
-  __host__ __device__ static constexpr int acc_col(int cw, int j) {
+  __host__ __device__ static constexpr int acc_col(int cols, int cw, int j) {
     if (!kSplitD) return 8 * j;
-    return 8 * j < split_whole_cols(cw) ? split_whole_col(cw) + 8 * j : split_half_col(cw) + 8 * j - split_whole_cols(cw);
+    return 8 * j < split_whole_cols(cols, cw) ? split_whole_col(cols, cw) + 8 * j
+                                              : split_half_col(cols, cw) + 8 * j - split_whole_cols(cols, cw);
   }
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8 > 255 ? 255 : (65536 / kThreads) / 8 * 8;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumerWGs <= kLaunchRegs * kThreads,
                 "register budgets exceed the launch allocation (setmaxnreg.inc would deadlock)");
   // Shared memory, every tile 1024-byte aligned (offsets from a 1024-aligned base).
   static constexpr int kKBytes = kBlockN * kTileDim * 2;
+  static constexpr int kVBytes = kBlockN * kTileDimV * 2;
   static constexpr int kQBytes = kBlockM * kTileDim * 2;
+  static constexpr int kdOBytes = kBlockM * kTileDimV * 2;
   // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows; on the split-D path followed by P^T (the A
   // operand of dV, from shared memory there).
   static constexpr int kDsBytes = (kSplitD ? 2 : 1) * kBlockN * kBlockM * 2;
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
-  static constexpr int kOffQ = kOffV + kKBytes;
+  static constexpr int kOffQ = kOffV + kVBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
   static constexpr int kDsBuffers = kSplitD ? 1 : 2;  // dS^T buffers (tile % 2); one on the split-D path (kSm90SmemLimit)
-  static constexpr int kOffdS = kOffdO + kStages * kQBytes;
+  static constexpr int kOffdS = kOffdO + kStages * kdOBytes;
   static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
   // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
   // 4-byte stores of a warp's 8 keys x 4 columns then fall in 32 different banks).
