@@ -47,8 +47,9 @@ __device__ __forceinline__ void bwd_epilogue(const bwd::BwdArgs& a,
   named_barrier_sync(4 + cw, 128);  // this warpgroup's rows are staged
   T* dkg = static_cast<T*>(a.dk) + b * a.k_bs + hk * a.k_hs;
   T* dvg = static_cast<T*>(a.dv) + b * a.v_bs + hk * a.v_hs;
-  static_assert(Tr::kDvCols <= Tr::kDkCols, "dV's columns are at most dK's");
-  constexpr int kRowChunks = Tr::kDkCols / 8;  // this warpgroup's 16-byte chunks of dK per key row
+  // this warpgroup's 16-byte chunks of dK per key row; dV's are the first kDvCols / 8 of as many
+  // (kDvCols <= kDkCols: BwdWgmmaTraits' head-dim assert)
+  constexpr int kRowChunks = Tr::kDkCols / 8;
 #pragma unroll
   for (int i = tid % 128; i < 64 * kRowChunks; i += 128) {
     const int row = row0 + i / kRowChunks, c = i % kRowChunks;
@@ -59,6 +60,7 @@ __device__ __forceinline__ void bwd_epilogue(const bwd::BwdArgs& a,
       if (chunk * 8 < a.head_dim)
         *reinterpret_cast<uint4*>(dkg + static_cast<int64_t>(key) * a.k_rs + chunk * 8) =
             *reinterpret_cast<const uint4*>(stage_k + off);
+      // (the first term folds the chunk test away where the widths agree: the same code as one width)
       if ((Tr::kDvCols == Tr::kDkCols || c < Tr::kDvCols / 8) && chunk_v * 8 < a.head_dim_v)
         *reinterpret_cast<uint4*>(dvg + static_cast<int64_t>(key) * a.v_rs + chunk_v * 8) =
             *reinterpret_cast<const uint4*>(stage_v + off_v);

@@ -77,15 +77,15 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
 #pragma unroll
   for (int i = 0; i < Tr::kDvRegs; ++i) dv[i] = 0.f;
 
-  // Where both warpgroups lay out their columns alike (256), one code with this warpgroup's first
-  // sub-tile at run time; else (192) each its own, kCw (the products below take the warpgroup as
+  // Where both warpgroups lay out their dK and dV columns alike (256), one code with this
+  // warpgroup's first sub-tile at run time (sub0, sub0v); else (192, 192/128) each its own, kCw (the products below take the warpgroup as
   // First / Second; one dispatch helper for the three made ptxas spill more, so each is spelled out).
   constexpr bool kSameLayout = kCols % 64 == 0 && kColsV % 64 == 0;
   const int sub0 = kSameLayout ? cw * (kCols / 64) : 0, sub0v = kSameLayout ? cw * (kColsV / 64) : 0;
-  const SmemDesc dsc_q_mn = smem_desc(sm.sQ + sub0 * kBlockM * 128, kBlockM * 128, 1024);  // B of dK, dV, dQ
+  const SmemDesc dsc_q_mn = smem_desc(sm.sQ + sub0 * kBlockM * 128, kBlockM * 128, 1024);  // B of dK (dO: dV, K: dQ)
   const SmemDesc dsc_do_mn = smem_desc(sm.sdO + sub0v * kBlockM * 128, kBlockM * 128, 1024);
   const SmemDesc dsc_k_mn = smem_desc(sm.sK + sub0 * kBlockN * 128, kBlockN * 128, 1024);
-  // Warpgroup kCw's columns (for_col_pieces), moved by sub0 sub-tiles: dV += P^T dO and dK += dS^T Q
+  // Warpgroup kCw's columns (for_col_pieces), moved by sub0 (sub0v) sub-tiles: dV += P^T dO and dK += dS^T Q
   // (k16 step = 16 queries: 32 bytes along the rows of P^T / dS^T, 16 rows of dO / Q); dQ = dS K
   // (k16 step = 16 keys: 16 rows of dS^T and K); the dQ part to shared memory in the workspace's
   // accumulator order (bwd::dq_tile_offset: 8-column group G of the tile in 64-column part G / 8) for

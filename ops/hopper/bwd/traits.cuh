@@ -17,7 +17,7 @@ struct BwdWgmmaTraits {
   static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
   // kHeadDim: the width of the products of Q and K (the larger of the two head dims; on the split-D
   // path the tile head dim, flash_bwd_launch.cu); kHeadDimV: of V and dO (dP^T's reduction, dV's
-  // columns), kHeadDim but on the split-D path, where it is v's head dim rounded up to 64 (MLA's
+  // columns): kHeadDim, except on the split-D path, where it is v's head dim rounded up to 64 (MLA's
   // 192 / 128: dP^T and dV at 128). Shared memory holds Q, K (V, dO) in 128-byte-swizzled
   // sub-tiles of 64 columns, kTileDim (kTileDimV) wide (paddle_fm3_build/kernel_rules.py, the dQ
   // accumulator's rows too): the TMA loads fill the columns past the head dims with zeros, S^T /
