@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""How much work tiles aligned to document starts would save on packed documents: the (query tile,
+key block) pairs the Hopper kernels compute on the global tile grid (ours: tiles at multiples of the
+tile size, a document boundary inside a tile makes it partial on both sides) against tiles that
+restart at every document's start (what FlashAttention's varlen call computes), for the masks
+tools/bench_attention.py draws (same instances: family, S, B = total tokens / S, --random-params seeds).
+CPU only.
+
+    python3 tools/doc_tile_count.py [--seqlens 8192,32768] [--random-params 1 2 3]
+
+The backward walks, per key block (one CTA), the query tiles from the block's first visible row to its
+documents' end; the forward, per query tile, the key blocks from its documents' start to its last
+visible key. Tile sizes: the D = 128 configs of yaml/kernel_configs.yaml.
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bench_attention as ba  # noqa: E402
+from paddle_fm3 import _config  # noqa: E402
+from paddle_fm3.mask_semantics import document_lengths  # noqa: E402
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def pairs(docs, causal, tile_q, tile_k, aligned):
+    """(query tile, key block) pairs over one batch row's documents: per key block of tile_k keys the
+    query tiles of tile_q rows it is computed with (backward), and per query tile the key blocks
+    (forward); aligned: tiles restart at each document's start, else they sit on the global grid."""
+    s = sum(docs)
+    starts = np.concatenate([[0], np.cumsum(docs)[:-1]])
+    ends = starts + np.asarray(docs)
+    doc_of = np.repeat(np.arange(len(docs)), docs)
+    bwd = fwd = 0
+    if aligned:
+        for st, e in zip(starts, ends):
+            n = e - st
+            bwd += sum(cdiv(n, tile_q) - ((j * tile_k) // tile_q if causal else 0) for j in range(cdiv(n, tile_k)))
+            fwd += sum(cdiv(min(n, (i + 1) * tile_q) if causal else n, tile_k) for i in range(cdiv(n, tile_q)))
+        return bwd, fwd
+    for k0 in range(0, s, tile_k):
+        k1 = min(k0 + tile_k, s)
+        q_first = k0 if causal else starts[doc_of[k0]]
+        bwd += cdiv(ends[doc_of[k1 - 1]], tile_q) - q_first // tile_q
+    for m0 in range(0, s, tile_q):
+        m1 = min(m0 + tile_q, s)
+        k_last = m1 if causal else ends[doc_of[m1 - 1]]
+        fwd += cdiv(k_last, tile_k) - starts[doc_of[m0]] // tile_k
+    return bwd, fwd
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seqlens", default="8192,32768")
+    ap.add_argument("--total-tokens", type=int, default=32768)
+    ap.add_argument("--random-params", type=int, nargs="*", default=[1, 2, 3])
+    ap.add_argument("--head-dim", type=int, default=128)
+    args = ap.parse_args()
+    fwd_cfg = next(c for c in _config.SM90_CONFIGS if c["head_dim"] == args.head_dim and c["head_dim_v"] == args.head_dim)
+    bwd_cfg = next(c for c in _config.SM90_BWD_CONFIGS if c["head_dim"] == args.head_dim
+                   and c["head_dim_v"] == args.head_dim)
+    print(f"D = {args.head_dim}: backward tiles {bwd_cfg['block_m']} x {bwd_cfg['block_n']}, forward "
+          f"{fwd_cfg['block_m']} x {fwd_cfg['block_n']}; pairs on the global grid / pairs aligned to documents")
+    print("| family | S | seed | documents per row | backward | forward |")
+    print("|---|---|---|---|---|---|")
+    for fam in ("causal_document", "document"):
+        for s in (int(x) for x in args.seqlens.split(",")):
+            b = max(1, args.total_tokens // s)
+            for seed in args.random_params or [None]:
+                sri, causal, _ = ba.family_mask(fam, s, b, seed)
+                docs = document_lengths(sri, causal)
+                grid = np.sum([pairs(d, causal, bwd_cfg["block_m"], bwd_cfg["block_n"], False)[0] for d in docs]), \
+                    np.sum([pairs(d, causal, fwd_cfg["block_m"], fwd_cfg["block_n"], False)[1] for d in docs])
+                algn = np.sum([pairs(d, causal, bwd_cfg["block_m"], bwd_cfg["block_n"], True)[0] for d in docs]), \
+                    np.sum([pairs(d, causal, fwd_cfg["block_m"], fwd_cfg["block_n"], True)[1] for d in docs])
+                print(f"| {fam} | {s} | {seed} | {'/'.join(str(len(d)) for d in docs)} | "
+                      f"{grid[0] / algn[0]:.3f} | {grid[1] / algn[1]:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
