@@ -62,11 +62,12 @@ def main():
     import bench_attention as ba
     from paddle_fm3 import _config
     from paddle_fm3.mask_semantics import document_lengths
-    fwd_cfg = next(c for c in _config.SM90_CONFIGS if c["head_dim"] == args.head_dim and c["head_dim_v"] == args.head_dim)
-    bwd_cfg = next(c for c in _config.SM90_BWD_CONFIGS if c["head_dim"] == args.head_dim
-                   and c["head_dim_v"] == args.head_dim)
-    print(f"D = {args.head_dim}: backward tiles {bwd_cfg['block_m']} x {bwd_cfg['block_n']}, forward "
-          f"{fwd_cfg['block_m']} x {fwd_cfg['block_n']}; pairs on the global grid / pairs aligned to documents")
+    def config(configs):
+        return next(c for c in configs if c["head_dim"] == args.head_dim and c["head_dim_v"] == args.head_dim)
+    passes = ((0, config(_config.SM90_BWD_CONFIGS)), (1, config(_config.SM90_CONFIGS)))  # pairs()'s backward, forward
+    print(f"D = {args.head_dim}: backward tiles {passes[0][1]['block_m']} x {passes[0][1]['block_n']}, forward "
+          f"{passes[1][1]['block_m']} x {passes[1][1]['block_n']}; pairs on the global grid / pairs aligned to "
+          "documents")
     print("| family | S | seed | documents per row | backward | forward |")
     print("|---|---|---|---|---|---|")
     for fam in ("causal_document", "document"):
@@ -75,13 +76,12 @@ def main():
             for seed in args.random_params or [None]:
                 sri, causal, _ = ba.family_mask(fam, s, b, seed)
                 docs = document_lengths(sri, causal)
-                grid = np.sum([pairs(d, causal, bwd_cfg["block_m"], bwd_cfg["block_n"], False)[0] for d in docs]), \
-                    np.sum([pairs(d, causal, fwd_cfg["block_m"], fwd_cfg["block_n"], False)[1] for d in docs])
-                algn = np.sum([pairs(d, causal, bwd_cfg["block_m"], bwd_cfg["block_n"], True)[0] for d in docs]), \
-                    np.sum([pairs(d, causal, fwd_cfg["block_m"], fwd_cfg["block_n"], True)[1] for d in docs])
-                print(f"| {fam} | {s} | {seed} | {'/'.join(str(len(d)) for d in docs)} | "
-                      f"{grid[0] / algn[0]:.3f} | {grid[1] / algn[1]:.3f} |")
-
+                ratios = []
+                for i, cfg in passes:
+                    n = [sum(pairs(d, causal, cfg["block_m"], cfg["block_n"], aligned)[i] for d in docs)
+                         for aligned in (False, True)]
+                    ratios.append(f"{n[0] / n[1]:.3f}")
+                print(f"| {fam} | {s} | {seed} | {'/'.join(str(len(d)) for d in docs)} | {' | '.join(ratios)} |")
 
 if __name__ == "__main__":
     main()
