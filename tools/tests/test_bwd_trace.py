@@ -1,8 +1,14 @@
 """tools/bwd_trace.py's summary of a per-CTA trace, on traces with known phase times."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
-import bwd_trace
+SCRIPT = Path(__file__).resolve().parents[1] / "bwd_trace.py"
+spec = importlib.util.spec_from_file_location("bwd_trace", SCRIPT)
+bwd_trace = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bwd_trace)
 
 
 def trace(starts_ns, tiles, sms, fixed_ns=4000, per_tile_ns=2000):
