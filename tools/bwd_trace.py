@@ -1,11 +1,9 @@
 #!/usr/bin/env python3
 """Where a backward CTA spends its time: per-CTA timestamps of the WGMMA backward's phases.
 
-Needs a build with the trace compiled in: the stamps (ops/hopper/bwd/trace.cuh, fm3_cuda_bwd_trace) are
-not on main yet; they come with docs/variants/bwd_dq_named_barriers_2026-12-06.patch (git apply), where
-the flag adds a few stores per CTA and without it the kernels' code is that of the patch:
+Needs a build with the trace compiled in (ops/hopper/bwd/trace.cuh; without the flag the stamps are empty
+and the kernels' machine code is that of a build without them):
 
-    git apply docs/variants/bwd_dq_named_barriers_2026-12-06.patch
     FM3_NVCC_EXTRA=-DFM3_BWD_TRACE scripts/gpu_build.sh .devbuild_trace
     scripts/build_dlpack_ext.sh .devbuild_trace
     python3 tools/bwd_trace.py --families causal,causal_document --seqlen 8192 --head-dim 128 [--out t.json]

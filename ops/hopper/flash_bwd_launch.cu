@@ -295,3 +295,11 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   }
   return rc;
 }
+
+#ifdef FM3_BWD_TRACE
+// tools/bwd_trace.py: the WGMMA backward records its phases per CTA into buf (bwd/trace.cuh,
+// kBwdTraceSlots uint64 per CTA, enough for the next launch's grid); null stops it.
+extern "C" int fm3_cuda_bwd_trace(uint64_t* buf) {
+  return cudaMemcpyToSymbol(sm90::g_bwd_trace, &buf, sizeof(buf)) == cudaSuccess ? 0 : 1;
+}
+#endif

@@ -48,6 +48,10 @@ int fm3_cuda_bwd_block_n(int head_dim, int head_dim_v);
  * startend_row_indices, its mask_heads, p->deterministic and whether p->dlearnable_sink is set). */
 size_t fm3_cuda_bwd_workspace_bytes(const fm3_bwd_params* p);
 
+/* Only in a build with -DFM3_BWD_TRACE (tools/bwd_trace.py): the WGMMA backward writes per-CTA
+ * timestamps of its phases to the device buffer buf (bwd/trace.cuh); null stops it. */
+int fm3_cuda_bwd_trace(uint64_t* buf);
+
 /* The launchers' own workspace (the backward's when p->workspace is NULL, the forward's block
  * summary, staged host masks) comes from a memory pool per device that keeps the memory it took
  * between calls, as a framework's caching allocator does. This hands what it keeps back to the

@@ -34,6 +34,7 @@
 #include "bwd/mainloop.cuh"
 #include "bwd/mainloop_split_d.cuh"
 #include "bwd/producer.cuh"
+#include "bwd/trace.cuh"
 #include "bwd/tile_scheduler.cuh"
 #include "bwd/traits.cuh"
 #include "sm90_primitives.cuh"
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // broadcast: the compiler sees it warp-uniform
   const BwdBlock blk = BwdTileScheduler<kBlockM, kBlockN>::block(a);
+  bwd_trace(kTraceStart, tid == 0);
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -71,7 +73,10 @@ __global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM
   if (wg == 0) {
     reg_dealloc<Tr::kProducerRegs>();
     const int writers = Tr::dq_writers(a.dq_semaphore != nullptr);
-    if (lane == 0 && warp >= 1 && warp <= writers) bwd_dq_writer(a, sm, blk, warp - 1);
+    if (lane == 0 && warp >= 1 && warp <= writers) {
+      bwd_dq_writer(a, sm, blk, warp - 1);
+      bwd_trace(kTraceWriterDone, warp == 1);
+    }
     if (warp != 0) return;  // warp 0 schedules and loads
     bwd_producer<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, &tmap_q, &tmap_k, &tmap_v, &tmap_do, blk, lane);
     return;

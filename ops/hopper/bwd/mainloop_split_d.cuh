@@ -22,6 +22,7 @@
 #include "bwd/consumer_ring.cuh"
 #include "bwd/epilogue.cuh"
 #include "bwd/pointwise.cuh"
+#include "bwd/trace.cuh"
 #include "bwd/traits.cuh"
 #include "fm3/mask.h"      // ColumnBounds
 #include "sm90_primitives.cuh"
@@ -128,10 +129,13 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
   using Second = std::integral_constant<int, 1>;
 
   mbar_wait(sm.bar_kv, 0);
+  const bool tracer = tid == 128;  // bwd/trace.cuh, with -DFM3_BWD_TRACE
+  bwd_trace(kTraceKvReady, tracer);
   for (;;) {
     int m0;
     bool partial;
     if (!ring.next(a, sm, blk, key_local, m0, partial)) break;
+    bwd_trace(kTraceFirstTile, tracer && ring.dq_count == 0);
     const int stage = ring.stage;
     const ColumnBounds* cb = ring.cb;
     const uint32_t qoff = stage * Tr::kQBytes, dooff = stage * Tr::kdOBytes;
@@ -216,10 +220,13 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     ring.hand_dq(sm, (ring.head_off + m0) * Tr::kTileDim, cw == 0 && wq == 0 && lane == 0);
   }
 
+  bwd_trace(kTraceLoopEnd, tracer);
+  bwd_trace_tiles(ring.dq_count, tracer);
   ring.wait_dq_buffer(sm);  // the end of the dQ stream
   ring.hand_dq(sm, -1, cw == 0 && wq == 0 && lane == 0);
 
   bwd_epilogue<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, dk, dv, blk, tid, key_local, cw, t);
+  bwd_trace(kTraceEpilogueDone, tracer);
 }
 
 }  // namespace fm3::hopper::sm90

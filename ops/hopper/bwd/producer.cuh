@@ -15,6 +15,7 @@
 #include "bwd/traits.cuh"
 #include "bwd/common.cuh"  // classify_pair, mask_head
 #include "fm3/mask.h"      // BlockEntry
+#include "bwd/trace.cuh"
 #include "mask_scheduler.cuh"
 #include "sm90_primitives.cuh"
 
@@ -40,10 +41,12 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
     }
   }
   int stage = 0, phase = 0;
+  bool first_load = true;  // bwd/trace.cuh
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + bwd::mask_head(a, h);
     const int32_t* bm = a.block_mask ? a.block_mask + bhm * a.bm_rows * a.bm_cols : nullptr;
     const BlockSummary summ = a.summary ? a.summary[bhm * n_kblocks + nb] : no_mask_summary(a.seqlen_q);
+    bwd_trace(kTraceSummary, lane == 0 && first_load && summ.lts_min != summ.ute_max - 1);  // waits for the load
     const int64_t bh = static_cast<int64_t>(b) * a.num_heads + h;
     const float* lse2 = a.lse2 + bh * a.lse_stride;
     const float* delta = a.delta + bh * a.lse_stride;
@@ -57,6 +60,7 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
     // block. Both modes walk the same way, so dK and dV are bitwise equal between them.
     for (int first = (n_mtiles - 1) / 32 * 32; first >= 0; first -= 32) {
       const int count = compact_window<32, 1>(classify, first, n_mtiles, sm.list, sm.warp_counts);
+      bwd_trace(kTraceScheduled, lane == 0 && first_load && count > 0);
       for (int i = count - 1; i >= 0; --i) {
         if (lane == 0) {
           const int entry = sm.list[i];
@@ -74,6 +78,8 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
           }
           bulk_load_1d(sm.sLse + stage * kBlockM * 4, lse2 + m0, kBlockM * 4, full);
           bulk_load_1d(sm.sDelta + stage * kBlockM * 4, delta + m0, kBlockM * 4, full);
+          bwd_trace(kTraceFirstLoad, first_load);
+          first_load = false;
         }
         if (++stage == kStages) {
           stage = 0;
