@@ -8,7 +8,9 @@
 #   BENCH_ARGS="--bwd --total-tokens 32768 --seqlens 8192 --head-dims 128 --families full,causal --flex-backends none" \
 #   tools/gpu_ab.sh
 # Each build folder holds a libfm3_cuda.so from scripts/gpu_build.sh (carry them, and
-# paddle_fm3/_config.py). Rows go to $OUT/<build>_r<round>.json.
+# paddle_fm3/_config.py). Rows go to $OUT/<build>_r<round>.json. An entry DIR@VAR=VALUE runs DIR's
+# library with that environment variable set (e.g. ".vb1@FM3_BWD_GRID=items": one build, two launch
+# modes); its rows go to <build>_<value>_r<round>.json.
 source "$(dirname "$0")/gpu_env.sh"
 read -r -a builds <<< "${BUILDS:?BUILDS: the build folders to compare}"
 use() { cp "$1/libfm3_cuda.so" paddle_fm3/kernels/libfm3_cuda.so; }
@@ -16,14 +18,17 @@ for b in ${TEST_BUILDS:-}; do  # GPU tests and compute-sanitizer: tools/gpu_run.
   echo "== tests $b"
   LIB_DIR="$b" OUT="$OUT/tests_$(basename "$b" | tr -d .)" BENCH= BENCH_BWD= tools/gpu_run.sh
 done
-scripts/build_dlpack_ext.sh "${builds[0]}" | tail -1
+scripts/build_dlpack_ext.sh "${builds[0]%%@*}" | tail -1
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for b in "${builds[@]}"; do
+  for entry in "${builds[@]}"; do
+    b="${entry%%@*}"
+    env_set=()
+    [ "$entry" != "$b" ] && env_set=("${entry#*@}")
     use "$b"
-    echo "== $b round $r"
-    name="$(basename "$b" | tr -d .)_r$r"
-    timeout "${BENCH_TIMEOUT:-200}" python3 tools/bench_attention.py ${BENCH_ARGS:?BENCH_ARGS: bench_attention.py arguments} \
-      --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    echo "== $entry round $r"
+    name="$(basename "$b" | tr -d .)${env_set:+_${entry##*=}}_r$r"
+    env "${env_set[@]}" timeout "${BENCH_TIMEOUT:-200}" python3 tools/bench_attention.py \
+      ${BENCH_ARGS:?BENCH_ARGS: bench_attention.py arguments} --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     grep "^| [0-9]" "$OUT/$name.log" || tail -5 "$OUT/$name.log"  # the rows, or why there are none
   done
 done
