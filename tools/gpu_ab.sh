@@ -8,9 +8,10 @@
 #   BENCH_ARGS="--bwd --total-tokens 32768 --seqlens 8192 --head-dims 128 --families full,causal --flex-backends none" \
 #   tools/gpu_ab.sh
 # Each build folder holds a libfm3_cuda.so from scripts/gpu_build.sh (carry them, and
-# paddle_fm3/_config.py). Rows go to $OUT/<build>_r<round>.json. An entry DIR@VAR=VALUE runs DIR's
-# library with that environment variable set (e.g. ".vb1@FM3_BWD_GRID=items": one build, two launch
-# modes); its rows go to <build>_<value>_r<round>.json.
+# paddle_fm3/_config.py). An entry DIR@VAR=VALUE runs DIR's library with that environment variable set
+# (e.g. ".vb1@FM3_BWD_GRID=items": one build, two launch modes). At the end every run's rows are in
+# $OUT/ab_rows.json (each row with its "build" entry and "round") and the runs' logs in $OUT/ab_logs.tar.gz:
+# two files, whatever the number of runs (a device call brings back only a few).
 source "$(dirname "$0")/gpu_env.sh"
 read -r -a builds <<< "${BUILDS:?BUILDS: the build folders to compare}"
 use() { cp "$1/libfm3_cuda.so" paddle_fm3/kernels/libfm3_cuda.so; }
@@ -32,3 +33,15 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     grep "^| [0-9]" "$OUT/$name.log" || tail -5 "$OUT/$name.log"  # the rows, or why there are none
   done
 done
+python3 - "$OUT" <<'PY'
+import json, pathlib, re, sys
+out = pathlib.Path(sys.argv[1])
+rows = []
+for f in sorted(out.glob("*_r[0-9]*.json")):
+    build, rnd = re.fullmatch(r"(.+)_r(\d+)", f.stem).groups()
+    rows += [dict(r, build=build, round=int(rnd)) for r in json.loads(f.read_text())]
+    f.unlink()
+(out / "ab_rows.json").write_text(json.dumps(rows, indent=1))
+print(f"{len(rows)} rows in {out / 'ab_rows.json'}")
+PY
+(cd "$OUT" && ls ./*_r[0-9]*.log >/dev/null 2>&1 && tar czf ab_logs.tar.gz ./*_r[0-9]*.log && rm -f ./*_r[0-9]*.log)
