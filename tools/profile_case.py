@@ -29,7 +29,7 @@ def main():
     ap.add_argument("--family", default="full", choices=sorted(ba.masks.FAMILIES))
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head-dim", default="128", help="D, or DxDV for a value head dim of its own (192x128: MLA)")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--deterministic", action="store_true", help="ours: the backward's deterministic dQ")
     ap.add_argument("--compare", metavar="IMPL,IMPL",
@@ -43,15 +43,16 @@ def main():
         ap.error(f"--compare: a comma-separated list of {', '.join(IMPLS)}, got {args.compare!r}")
     import torch
     ba.torch = torch
-    s, b, d = args.seqlen, args.batch, args.head_dim
-    h = ba.HIDDEN // d
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    d, d_v = (int(x) for x in args.head_dim.split("x")) if "x" in args.head_dim else (int(args.head_dim),) * 2
+    s, b, h = args.seqlen, args.batch, ba.HIDDEN // d
+    q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v, do = (torch.randn(b, s, h, d_v, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     sri_np, causal, _ = ba.family_mask(args.family, s, b)
 
     def make_call(impl):
         if impl == "fm3":
             sri = torch.from_numpy(sri_np).cuda()
-            out = torch.empty_like(q)
+            out = torch.empty_like(do)
             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
             ba.kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
