@@ -408,10 +408,18 @@ def compiled_flex(backends):
     return fns
 
 
+def head_dim_pair(spec):
+    """A head-dim argument, "D" or "DxDV" (q/k and v: 192x128 is MLA) -> (D, DV)."""
+    parts = spec.split("x")
+    if len(parts) > 2 or not all(x.isdigit() for x in parts):
+        raise argparse.ArgumentTypeError(f"a head dim D or DxDV (e.g. 128, 192x128), got {spec!r}")
+    return int(parts[0]), int(parts[-1])
+
+
 def problems(args):
     """(d, dv, s, b, h) for every head dim (D or DxDV) and sequence length asked for."""
     for spec in args.head_dims.split(","):
-        d, dv = (int(x) for x in spec.split("x")) if "x" in spec else (int(spec), int(spec))
+        d, dv = head_dim_pair(spec)
         for s in [int(x) for x in args.seqlens.split(",")]:
             yield d, dv, s, max(1, args.total_tokens // s), HIDDEN // d
 

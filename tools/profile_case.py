@@ -22,14 +22,6 @@ import bench_attention as ba  # noqa: E402  (also applies FM3_EXTRA_SITE)
 IMPLS = ("fm3", "fa4", "flex_flash", "flex_triton")
 
 
-def head_dims(spec):
-    """--head-dim: "D" or "DxDV" -> (D, DV)."""
-    parts = spec.split("x")
-    if len(parts) > 2 or not all(x.isdigit() for x in parts):
-        raise argparse.ArgumentTypeError(f"a head dim D or DxDV (e.g. 128, 192x128), got {spec!r}")
-    return int(parts[0]), int(parts[-1])
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--impl", choices=IMPLS, default="fm3")
@@ -37,7 +29,7 @@ def main():
     ap.add_argument("--family", default="full", choices=sorted(ba.masks.FAMILIES))
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--head-dim", type=head_dims, default=(128, 128), metavar="D|DxDV",
+    ap.add_argument("--head-dim", type=ba.head_dim_pair, default=(128, 128), metavar="D|DxDV",
                     help="head dim, or q/k and v head dims (192x128: MLA)")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--deterministic", action="store_true", help="ours: the backward's deterministic dQ")
