@@ -75,7 +75,12 @@ def attention_backward(q, k, v, startend_row_indices, block_mask, out, softmax_l
                        causal: bool, deterministic: bool, learnable_sink=None):
     """``ops.fm3_flashmask_attention_bwd`` with the sink as a float32 ``[num_heads]`` tensor or None:
     returns ``dq, dk, dv, dsink`` (``dsink`` None without a sink). dq, dk, dv see the sink only through
-    ``softmax_lse``; ``dsink`` depends only on ``out``, ``out_grad`` and ``softmax_lse``."""
+    ``softmax_lse``; ``dsink`` depends only on ``out``, ``out_grad`` and ``softmax_lse``. Its own
+    backward is an error (no second derivative, yaml/backward.yaml), recorded only when the grad mode
+    is on (a PyLayer's backward under ``create_graph=True``), as in ``attention_forward``."""
+    if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
+        q, k, v, out, out_grad = (t.detach() for t in (q, k, v, out, out_grad))
+        learnable_sink = None if learnable_sink is None else learnable_sink.detach()
     dq, dk, dv, dsink = ops.fm3_flashmask_attention_bwd(q, k, v, startend_row_indices, block_mask,
                                                         sink_input(learnable_sink), out, softmax_lse, out_grad,
                                                         softmax_scale, causal, deterministic)

@@ -101,8 +101,11 @@ def flashmask_attention(
             Paddle, whatever its value.
         causal: add the causal mask, bottom-right aligned when seqlen_q != seqlen_k.
         window_size: int or ``(left, right)``: sliding-window attention, converted
-            to ``startend_row_indices`` exactly as Paddle does; excludes
-            ``startend_row_indices``.
+            to ``startend_row_indices`` exactly as Paddle does (query ``i`` sees keys
+            ``[i - left, i + right]``, ``[i - left, i]`` with ``causal``); excludes
+            ``startend_row_indices``. Where seqlen_q != seqlen_k (which Paddle refuses) the
+            window is aligned bottom-right, as the causal mask: ``i`` counts from
+            ``seqlen_k - seqlen_q`` (``masks.window_to_startend``).
         return_softmax_lse: also return the float32 ``[batch, num_heads, seqlen_q]``
             natural-log softmax normalizer (``-inf`` on fully masked rows; with a sink it includes
             ``exp(learnable_sink[h])``, and is ``learnable_sink[h]`` on fully masked rows); it is

@@ -7,7 +7,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._checks import MAX_SEQLEN, check_batch_heads, check_bool, check_int, is_int, is_seq, normalize_window_size
+from ._checks import (MAX_SEQLEN, causal_offset, check_batch_heads, check_bool, check_int, is_int, is_seq,
+                      normalize_window_size)
 from .mask_semantics import FlashMask
 
 __all__ = ["full", "causal", "sliding_window", "causal_document", "causal_document_padded", "document",
@@ -510,17 +511,18 @@ def random_eviction(seqlen: int, *, seed: int = 0, batch: int = 1, num_heads: in
 
 def window_to_startend(window_size, seqlen_q: int, seqlen_k: Optional[int] = None, batch: int = 1,
                        causal: bool = False) -> np.ndarray:
-    """Convert Paddle's ``window_size`` into ``startend_row_indices`` exactly as Paddle does.
+    """Convert Paddle's ``window_size`` into ``startend_row_indices``: as Paddle does when
+    ``seqlen_q == seqlen_k``, aligned bottom-right (as the causal mask, and FlashAttention's
+    ``window_size``) otherwise.
 
-    ``paddle.nn.functional.flashmask_attention(..., window_size=...)`` builds, for key column
-    ``j in range(seqlen_k)`` (``w = (w, w)`` for an int):
+    With ``o = seqlen_k - seqlen_q`` (0 in Paddle, which accepts only equal lengths), query ``i``
+    sees keys ``[i + o - w[0], i + o]`` (``causal=True``) or ``[i + o - w[0], i + o + w[1]]``; for
+    key column ``j in range(seqlen_k)`` (``w = (w, w)`` for an int):
 
-    - ``causal=True``: C=1, ``LTS[j] = min(j + w[0] + 1, seqlen_q)`` (query ``i`` sees ``[i-w[0], i]``);
-    - ``causal=False``: C=2, ``[clip(j + w[0] + 1, 0, seqlen_q), clip(j - w[1], 0, seqlen_q)]``
-      (query ``i`` sees ``[i-w[0], i+w[1]]``).
+    - ``causal=True``: C=1, ``LTS[j] = clip(j - o + w[0] + 1, 0, seqlen_q)``;
+    - ``causal=False``: C=2, ``[clip(j - o + w[0] + 1, 0, seqlen_q), clip(j - o - w[1], 0, seqlen_q)]``.
 
-    Note that the window is expressed in raw row indices (top-left aligned), as in Paddle, even
-    though the causal part is bottom-right aligned when ``seqlen_q != seqlen_k``.
+    A decoding step (one query, ``seqlen_k`` keys, causal) sees the last ``w[0] + 1`` keys.
 
     Returns:
         int32 ``[batch, 1, seqlen_k, C]``.
@@ -535,11 +537,11 @@ def window_to_startend(window_size, seqlen_q: int, seqlen_k: Optional[int] = Non
     batch = check_int("batch", batch, lo=1)
     w0, w1 = min(w0, sq + sk), min(w1, sq + sk)  # wider windows change nothing; avoids int64 overflow
     causal = check_bool("causal", causal)
-    j = np.arange(sk, dtype=np.int64)
+    row = np.arange(sk, dtype=np.int64) - causal_offset(sq, sk)  # the row on key column j's diagonal
     if causal:
-        v = np.minimum(j + w0 + 1, sq)[:, None]
+        v = np.clip(row + w0 + 1, 0, sq)[:, None]
     else:
-        v = np.stack([np.clip(j + w0 + 1, 0, sq), np.clip(j - w1, 0, sq)], axis=-1)
+        v = np.stack([np.clip(row + w0 + 1, 0, sq), np.clip(row - w1, 0, sq)], axis=-1)
     return np.ascontiguousarray(np.broadcast_to(v[None, None], (batch, 1) + v.shape), dtype=np.int32)
 
 

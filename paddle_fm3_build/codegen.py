@@ -3,8 +3,8 @@
 Reads yaml/ops.yaml, yaml/backward.yaml (op declarations in the style of
 Paddle's ops.yaml / backward.yaml) and yaml/kernel_configs.yaml, and writes:
 
-- <out_dir>/fm3_ops_generated.cc: PD_BUILD_OP / PD_BUILD_GRAD_OP with shape
-  and dtype inference for every declared op;
+- <out_dir>/fm3_ops_generated.cc: PD_BUILD_OP / PD_BUILD_GRAD_OP / PD_BUILD_DOUBLE_GRAD_OP with
+  shape and dtype inference for every declared op;
 - <out_dir>/fm3_ops_generated.h: prototypes of the kernel functions that
   ops/paddle/ must implement (a signature drift is a compile error);
 - <out_dir>/fm3_generated_config.h: the tile configs as constexpr tables, each Hopper config with the
@@ -50,7 +50,9 @@ class OpDecl:
     infer_meta: dict
     kernel: str
     backward: str | None = None
-    forward: str | None = None  # set for backward ops
+    forward: str | None = None  # set for backward ops: the op it differentiates
+    level: int = 0              # 0 a forward op, 1 its grad op, 2 the grad op's grad (double grad)
+    root: str | None = None     # the forward op of a backward op's chain
 
     @property
     def tensors(self) -> list[Arg]:
@@ -99,29 +101,43 @@ def parse_decl(entry: dict) -> OpDecl:
 def load_decls(yaml_dir: pathlib.Path) -> tuple[dict[str, OpDecl], dict[str, OpDecl]]:
     fwd = {d.name: d for d in map(parse_decl, yaml.safe_load((yaml_dir / "ops.yaml").read_text()))}
     bwd = {d.name: d for d in map(parse_decl, yaml.safe_load((yaml_dir / "backward.yaml").read_text()))}
-    for d in fwd.values():
+    for d in list(fwd.values()) + list(bwd.values()):
         if d.backward and d.backward not in bwd:
             raise ValueError(f"{d.name}: backward {d.backward!r} is not declared in backward.yaml")
     for d in bwd.values():
-        if d.forward not in fwd or fwd[d.forward].backward != d.name:
+        parent = fwd.get(d.forward) or bwd.get(d.forward)
+        if parent is None or parent.backward != d.name:
             raise ValueError(f"{d.name}: forward {d.forward!r} does not link back to it")
+    for d in bwd.values():  # a grad op of a forward op, or a grad op of that grad op (Paddle's double grad)
+        parent = fwd.get(d.forward)
+        d.level, d.root = (1, d.forward) if parent else (2, bwd[d.forward].forward)
+        if d.level == 2 and d.root not in fwd:
+            raise ValueError(f"{d.name}: Paddle registers grad ops two levels deep at most")
     return fwd, bwd
 
 
+def _grad_name(name: str, levels: int) -> str:
+    """``name`` with up to ``levels`` trailing ``_grad`` as Paddle names gradients: x_grad -> Grad("x")."""
+    if levels and name.endswith("_grad"):
+        return f"paddle::Grad({_grad_name(name[:-5], levels - 1)})"
+    return f'"{name}"'
+
+
 def registered_input_name(decl: OpDecl, name: str) -> str:
-    """Name of an input as Paddle registers it: grads of forward outputs are X@GRAD."""
-    if decl.forward and name.endswith("_grad"):
-        return f'paddle::Grad("{name[:-5]}")'
+    """Name of an input as Paddle registers it: in a grad op, x_grad is the gradient of x (X@GRAD); in
+    a double grad op, x_grad_grad the gradient of the grad op's output x_grad."""
+    if decl.level and name.endswith("_grad"):
+        return _grad_name(name, decl.level)
     if name in decl.optional:
         return f'paddle::Optional("{name}")'
     return f'"{name}"'
 
 
 def registered_output_name(decl: OpDecl, name: str) -> str:
-    if decl.forward:
-        if not name.endswith("_grad"):
-            raise ValueError(f"{decl.name}: backward output {name!r} must be <input>_grad")
-        return f'paddle::Grad("{name[:-5]}")'
+    if decl.level:
+        if not name.endswith("_grad" * decl.level):
+            raise ValueError(f"{decl.name}: backward output {name!r} must be <input>{'_grad' * decl.level}")
+        return _grad_name(name, decl.level)
     return f'"{name}"'
 
 
@@ -161,7 +177,8 @@ def gen_op(decl: OpDecl) -> str:
     dtypes = ", ".join(dtype_expr(decl, decl.infer_meta[o]["dtype"]) for o in decl.outputs)
     shape_params = ",\n    ".join(cpp_params(decl, "std::vector<int64_t>", "_shape"))
     dtype_params = ",\n    ".join(cpp_params(decl, "paddle::DataType", "_dtype"))
-    macro = f"PD_BUILD_GRAD_OP({decl.forward})" if decl.forward else f"PD_BUILD_OP({fn})"
+    macro = {0: f"PD_BUILD_OP({fn})", 1: f"PD_BUILD_GRAD_OP({decl.root})",
+             2: f"PD_BUILD_DOUBLE_GRAD_OP({decl.root})"}[decl.level]
     inputs = ", ".join(registered_input_name(decl, a.name) for a in decl.tensors)
     outputs = ", ".join(registered_output_name(decl, o) for o in decl.outputs)
     attrs = ", ".join(f'"{a.name}: {a.type}"' for a in decl.attrs)

@@ -4,8 +4,8 @@ One launch per group size runs every case (tests/cp/cp_worker.py); each launch i
 subprocess timeout so nothing hangs. Checks: every mask family, forward and gradients equal to
 single-process ``flashmask_attention`` (fp32, 1e-5 relative), error not growing with P, a rank
 that receives nothing, a rank whose queries are all masked (0, no NaN), documents not dividing by
-the segment size, MLA's value head dim 128 under q/k's 192, a clear ValueError when S is not divisible by P * segment_size, and two masks
-sharing one dispatch. Learnable sinks: out, lse, dq, dk, dv and the sink's gradient against the
+the segment size, MLA's value head dim 128 under q/k's 192, a clear ValueError when S is not divisible by P * segment_size, two masks
+sharing one dispatch, and a gradient penalty (an error on every rank). Learnable sinks: out, lse, dq, dk, dv and the sink's gradient against the
 float64 reference (the sink's gradient on each rank is its rows' share; their sum is the whole).
 """
 
@@ -78,6 +78,8 @@ def test_special_cases(results):
     assert len(_cases(res, "docs_unaligned_seg64")) == p
     msgs = [r for r in res if r["case"] == "not_divisible"]
     assert len(msgs) == p and all("message" in r and "divisible" in r["message"] for r in msgs)
+    penalty = [r for r in res if r["case"] == "no_second_derivative"]
+    assert len(penalty) == p and all("no second derivative" in r.get("message", "") for r in penalty), penalty
     for name in ("two_masks_sliding", "two_masks_global", "for_mask_causal"):
         assert len(_cases(res, name)) == p, name
     # pruning happened somewhere (segments fully masked for a rank are never sent)

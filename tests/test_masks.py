@@ -484,12 +484,27 @@ def test_window_to_startend_matches_paddle(window_size, causal_flag):
     np.testing.assert_array_equal(M.to_dense(got, causal_flag)[1, 0], expect)
 
 
-def test_window_to_startend_rectangular_and_sliding_window_agree():
-    got = M.window_to_startend((2, 3), 5, 9, 1, False)
-    j = np.arange(9)
-    np.testing.assert_array_equal(got[0, 0], np.stack([np.clip(j + 3, 0, 5), np.clip(j - 3, 0, 5)], -1))
-    got = M.window_to_startend(2, 5, 9, 1, True)
-    np.testing.assert_array_equal(got[0, 0, :, 0], np.minimum(j + 3, 5))
+@pytest.mark.parametrize("causal_flag", [True, False])
+@pytest.mark.parametrize("sq,sk", [(5, 9), (9, 5), (1, 64), (64, 1), (7, 7)])
+@pytest.mark.parametrize("window_size", [0, 1, 3, (2, 3), (0, 5), (70, 70)])
+def test_window_to_startend_rectangular_is_bottom_right(window_size, causal_flag, sq, sk):
+    """Where seqlen_q != seqlen_k (Paddle refuses the window there) it is aligned as the causal mask:
+    query i sees keys [i + o - left, i + o (+ right)], o = seqlen_k - seqlen_q."""
+    got = M.window_to_startend(window_size, sq, sk, 2, causal_flag)
+    assert got.dtype == np.int32 and got.shape == (2, 1, sk, 1 if causal_flag else 2)
+    w0, w1 = (window_size, window_size) if isinstance(window_size, int) else window_size
+    o = sk - sq
+    hi = 0 if causal_flag else w1
+    expect = np.array([[i + o - w0 <= j <= i + o + hi for j in range(sk)] for i in range(sq)])
+    np.testing.assert_array_equal(M.to_dense(got, causal_flag, sq)[1, 0], expect)
+
+
+def test_window_to_startend_decode_step_sees_the_last_keys():
+    dense = M.to_dense(M.window_to_startend(3, 1, 64, causal=True), True, 1)[0, 0, 0]
+    np.testing.assert_array_equal(np.flatnonzero(dense), [60, 61, 62, 63])
+
+
+def test_window_to_startend_and_sliding_window_agree():
     np.testing.assert_array_equal(M.window_to_startend(4, 11, causal=True), M.sliding_window(11, 4).startend_row_indices)
 
 

@@ -38,7 +38,7 @@ def test_grad_op_registered_exactly_where_declared(name):
 
 
 def test_backward_declaration_mirrors_forward():
-    for decl in BWD.values():
+    for decl in (d for d in BWD.values() if d.forward == "fm3_flashmask_attention"):
         fwd = FWD[decl.forward]
         tensors = [a.name for a in decl.tensors]
         # The grad op sees the forward inputs, the forward outputs and their grads.
@@ -54,6 +54,22 @@ def test_standalone_backward_op_is_the_grad_op():
     assert (op.args, op.outputs, op.optional, op.kernel) == (grad.args, grad.outputs, grad.optional, grad.kernel)
     assert "learnable_sink" in [a.name for a in op.tensors] and "learnable_sink" not in op.optional
     assert op.outputs[-1] == "learnable_sink_grad"
+
+
+def test_no_second_derivative_is_declared_for_both_backwards():
+    """The grad op's grad (Paddle's double grad) and the standalone backward's grad are declared, with
+    the kernel that raises; registered as gradients of the gradients (Grad(Grad(q)) and Grad(q_grad))."""
+    double, bwd_grad = BWD["fm3_flashmask_attention_double_grad"], BWD["fm3_flashmask_attention_bwd_grad"]
+    assert BWD["fm3_flashmask_attention_grad"].backward == double.name
+    assert FWD["fm3_flashmask_attention_bwd"].backward == bwd_grad.name
+    assert double.kernel == bwd_grad.kernel == "FlashmaskAttentionNoSecondDerivative"
+    assert (double.level, double.root, bwd_grad.level, bwd_grad.root) == (
+        2, "fm3_flashmask_attention", 1, "fm3_flashmask_attention_bwd")
+    text = codegen.gen_op(double)
+    assert "PD_BUILD_DOUBLE_GRAD_OP(fm3_flashmask_attention)" in text
+    assert 'paddle::Grad(paddle::Grad("q"))' in text and 'Outputs({paddle::Grad(paddle::Grad("out"))})' in text
+    text = codegen.gen_op(bwd_grad)
+    assert "PD_BUILD_GRAD_OP(fm3_flashmask_attention_bwd)" in text and 'paddle::Grad("q_grad")' in text
 
 
 def test_generated_sources_are_current(tmp_path):

@@ -309,12 +309,29 @@ def test_cp_backend_forward_in_a_pylayer_records_no_backward():
     assert out.stop_gradient and lse.stop_gradient
 
 
+NO_SECOND = "flashmask_attention has no second derivative"
+
+
 def test_no_second_derivative_is_an_error_not_a_silent_zero():
     q, k, v = qkv()
     (g,) = paddle.grad(causal_attention(q, k, v).sum(), [q], create_graph=True)
-    assert g.shape == q.shape
-    with pytest.raises(ValueError, match="does not appear in the backward graph"):
+    assert g.shape == q.shape  # taking the gradient with create_graph=True works ...
+    with pytest.raises(NotImplementedError, match=NO_SECOND):  # ... differentiating it does not
         paddle.grad(g.sum(), [q])
+
+
+@pytest.mark.parametrize("through", ["q", "k", "v", "sink"])
+def test_gradient_penalty_is_an_error_not_a_dropped_term(through):
+    """loss = out + |d out / d x|^2, the gradient-penalty pattern: backward() must not treat the
+    gradient as a constant (which would give q.grad without the penalty's term)."""
+    q, k, v = qkv()
+    sink = paddle.to_tensor([0.3, -0.2])
+    sink.stop_gradient = False
+    out = fm3.flashmask_attention(q, k, v, causal=True, learnable_sink=sink)
+    grads = paddle.grad(out.sum(), [q, k, v, sink], create_graph=True)
+    g = grads["q k v sink".split().index(through)]
+    with pytest.raises(NotImplementedError, match=NO_SECOND):
+        (out.sum() + (g ** 2).sum()).backward()
 
 
 @pytest.mark.parametrize("flag", [False, True])

@@ -244,6 +244,17 @@ std::vector<paddle::Tensor> FlashmaskAttentionBackward(
   return {dq, dk, dv, dsink};
 }
 
+// The kernel of the grad ops of the gradients (backward.yaml): there is no second derivative, and
+// differentiating a gradient taken with create_graph=True is an error (NotImplementedError), not a
+// silent constant.
+std::vector<paddle::Tensor> FlashmaskAttentionNoSecondDerivative(const paddle::Tensor&, const paddle::Tensor&,
+                                                                 const paddle::Tensor&, const paddle::Tensor&,
+                                                                 const paddle::Tensor&, const paddle::Tensor&) {
+  PADDLE_THROW(::common::errors::Unimplemented(
+      "paddle_fm3.flashmask_attention has no second derivative: a gradient taken with create_graph=True "
+      "cannot be differentiated again (e.g. in a gradient penalty)"));
+}
+
 std::vector<paddle::Tensor> BlockClassify(const paddle::Tensor& startend_row_indices,
                                           const paddle::optional<paddle::Tensor>& block_mask, int seqlen_q,
                                           int block_m, int block_n, bool causal) {

@@ -116,6 +116,11 @@ class _CPAttention(PyLayer):
 
     @staticmethod
     def backward(ctx, dout, dlse=None):
+        if ctx.remote is None:  # freed by the first backward (the KV rows received from the peers)
+            raise NotImplementedError(
+                "cp_flashmask_attention's backward ran twice through one graph (create_graph=True, or a "
+                "second backward): there is no second derivative, and the first backward freed the KV rows "
+                "it received from the other ranks")
         q, k, v, out, lse, *sink = ctx.saved_tensor()
         dout = dout.astype(q.dtype).contiguous()
         dq, dkv = step.backward(ctx.plan, _BACKEND, q, k, v, out, lse, dout, ctx.remote, ctx.scale)

@@ -97,6 +97,24 @@ def two_masks():
 
 guarded("two_masks", two_masks)
 
+def no_second_derivative():
+    """A gradient penalty through CP attention: an error on every rank, not a dropped term."""
+    plan = fm3dist.make_cp_plan(masks.causal(S).startend_row_indices, causal=True, segment_size=SEG)
+    x = [plan.dispatch(paddle.to_tensor(rng.standard_normal((1, S, n, D)).astype(np.float32))) for n in (H, HK, HK)]
+    for t in x:
+        t.stop_gradient = False
+    out = fm3dist.cp_flashmask_attention(*x, plan)
+    gq = paddle.grad(out.sum(), x, create_graph=True)[0]
+    try:
+        (out.sum() + (gq ** 2).sum()).backward()
+    except NotImplementedError as e:  # from the grad of the backward, or the backward run a second time
+        results.append({"case": "no_second_derivative", "rank": RANK, "message": str(e)})
+        return
+    results.append({"case": "no_second_derivative", "rank": RANK, "error": "no NotImplementedError"})
+
+
+guarded("no_second_derivative", no_second_derivative)
+
 # learnable sinks: the sink joins each row's log-sum-exp once, after the last merge
 sink_rng = np.random.default_rng(99)
 for fam in ("causal", "document", "sliding_window", "qk_sparse"):
