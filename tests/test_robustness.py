@@ -55,6 +55,25 @@ def test_static_graph_reads_unchecked_indices_with_the_interval_meaning():
     assert np.all(got == 0)  # every row masked
 
 
+def test_static_graph_checks_cpu_block_mask_values_at_run_time():
+    """The dynamic check's rule holds in a static graph too: a CPU block_mask value other than 0/1 is a
+    ValueError when the graph runs (it was read as "keep")."""
+    q, k, v = qkv(grad=False)
+
+    def f(q, k, v, sri, bm):
+        return fm3.flashmask_attention(q, k, v, sri, causal=True, block_mask=bm)
+
+    spec = [InputSpec([1, 16, 2, 8], "float32")] * 3 + [InputSpec([1, 1, 16, 1], "int32"),
+                                                         InputSpec([1, 1, 1, 1], "int32")]
+    sf = paddle.jit.to_static(f, input_spec=spec, full_graph=True)
+    sri = paddle.full([1, 1, 16, 1], 16, "int32")
+    np.testing.assert_array_equal(sf(q, k, v, sri, paddle.ones([1, 1, 1, 1], "int32")).numpy(),
+                                  f(q, k, v, sri, paddle.ones([1, 1, 1, 1], "int32")).numpy())
+    for bad in (-1, 2):
+        with pytest.raises(ValueError, match=r"block_mask values must be 0 \(masked\) or 1 \(kept\)"):
+            sf(q, k, v, sri, paddle.full([1, 1, 1, 1], bad, "int32"))
+
+
 def test_static_graph_with_unknown_dims_checks_mask_shape_at_run_time():
     """Unknown (-1) dims hide the mask's shape from the Python checks; the op checks it when the graph
     runs (once a mask shorter than seqlen_k or of another batch was read out of bounds: a segfault)."""

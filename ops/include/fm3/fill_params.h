@@ -197,6 +197,15 @@ inline fm3_fwd_params fill(const AttnTensors& t, const GradTensors* g, float sof
     expect_shape(*bm, {B, Hm, block_mask_blocks(Sq), block_mask_blocks(Sk)}, kBlockMask);
     p.block_mask = static_cast<const int32_t*>(bm->data);
     p.mask_heads = static_cast<int>(Hm);
+    // Values are checked where they are on the host (CPU kernels), in dynamic and static graphs alike;
+    // for GPU tensors it would be a synchronizing copy per call, and the kernels read nonzero as 1.
+    if (!gpu) {
+      const int64_t n = bm->shape[0] * bm->shape[1] * bm->shape[2] * bm->shape[3];
+      for (int64_t i = 0; i < n; ++i)
+        if (p.block_mask[i] != 0 && p.block_mask[i] != 1)
+          throw ArgError(false, "block_mask values must be 0 (masked) or 1 (kept), got " +
+                                    std::to_string(p.block_mask[i]));
+    }
   }
   if (fm3_check_params(&p, err, sizeof err) != 0) throw ArgError(false, err);
   return p;
