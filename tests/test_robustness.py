@@ -1,5 +1,7 @@
 """Regressions from adversarial testing: inputs that once crashed, misbehaved or were silently wrong."""
 
+import multiprocessing
+
 import numpy as np
 import paddle
 import pytest
@@ -19,6 +21,22 @@ def qkv(grad=True):
 
 def causal_attention(q, k, v):
     return fm3.flashmask_attention(q, k, v, causal=True)
+
+
+def _attention_sum(seed):
+    paddle.seed(seed)
+    q = paddle.randn([1, 256, 2, 64])
+    return float(fm3.flashmask_attention(q, q, q, causal=True).sum())
+
+
+def test_forked_child_runs_the_cpu_kernels_after_its_parent_did():
+    """A fork()ed worker (multiprocessing's 'fork', data-loader workers) that runs the op after its
+    parent did gets the parent's result; it used to wait forever in GCC's OpenMP thread pool, which
+    does not survive fork() (ops/cpu/cpu_threads.h)."""
+    want = _attention_sum(0)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(_attention_sum, (0,)).get(timeout=120)
+    assert got == want
 
 
 def test_lse_carries_no_gradient_and_lse_only_backward_does_not_crash():

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "cpu_isa.h"
+#include "cpu_threads.h"
 #include "fm3/mask.h"
 #include "fm3/params.h"
 #include "fm3_generated_config.h"
@@ -141,7 +142,7 @@ inline void add_sink(float sink, float* lse, float* out_scale) {
 // this call's keys). One thread per head, adding in a fixed order in fp64: bitwise repeatable. A
 // row with lse -inf (no key, no sink in its lse) adds 0.
 void sink_grad(const fm3_fwd_params& p, const double* d_row, float* dsink) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(parallel_threads())
   for (int h = 0; h < p.num_heads; ++h) {
     const double s = p.learnable_sink[h];
     double acc = 0.0;
@@ -173,7 +174,7 @@ void forward(const fm3_fwd_params& p) {
   const float q_scale = p.softmax_scale * kLog2e;  // scores in log2 units: exp2 below
   const int64_t n_work = static_cast<int64_t>(p.batch) * p.num_heads * n_mtiles;
 
-#pragma omp parallel
+#pragma omp parallel num_threads(parallel_threads())
   {
     std::vector<float> q(BM * D), o(BM * Dv), s(BM * BN), kt(D * BN), v(BN * Dv), row_max(BM), row_sum(BM);
 #pragma omp for schedule(dynamic, 1)
@@ -282,7 +283,7 @@ void backward(const fm3_bwd_params& bp) {
   const bool want_dsink = bp.dlearnable_sink != nullptr;
   std::vector<float> delta(n_rows), lse2(n_rows);
   std::vector<double> d_row(want_dsink ? n_rows : 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(parallel_threads())
   for (int64_t r = 0; r < n_rows; ++r) {
     const int i = static_cast<int>(r % p.seqlen_q), h = static_cast<int>((r / p.seqlen_q) % p.num_heads);
     const int b = static_cast<int>(r / (static_cast<int64_t>(p.seqlen_q) * p.num_heads));
@@ -306,7 +307,7 @@ void backward(const fm3_bwd_params& bp) {
 
   // Pass 1, column-parallel: dK, dV of one key block, summed over the query heads of its group.
   const int64_t n_cols_work = static_cast<int64_t>(p.batch) * p.num_heads_k * n_nblocks;
-#pragma omp parallel
+#pragma omp parallel num_threads(parallel_threads())
   {
     std::vector<float> kt(D * BN), vt(Dv * BN), q(BM * D), g(BM * Dv), dk(BN * D), dv(BN * Dv), pt(BN * BM);
     TileGrad tg(BM, BN);
@@ -349,7 +350,7 @@ void backward(const fm3_bwd_params& bp) {
 
   // Pass 2, row-parallel: dQ of one query tile.
   const int64_t n_rows_work = static_cast<int64_t>(p.batch) * p.num_heads * n_mtiles;
-#pragma omp parallel
+#pragma omp parallel num_threads(parallel_threads())
   {
     std::vector<float> kt(D * BN), vt(Dv * BN), kr(BN * D), q(BM * D), g(BM * Dv), dq(BM * D);
     TileGrad tg(BM, BN);

@@ -13,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_threads.h"
 #include "fm3/mask.h"
 #include "fm3/params.h"
 #include "fm3_generated_config.h"
