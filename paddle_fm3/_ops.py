@@ -57,16 +57,22 @@ def sink_input(learnable_sink):
     return paddle.empty([0], dtype="float32") if learnable_sink is None else learnable_sink
 
 
+def _unrecorded(*tensors):
+    """The op's tensor inputs (None stays None), detached when the grad mode is off in dynamic mode:
+    Paddle records a custom op's backward whatever the mode (the built-in ops do not), which would
+    keep the inputs alive and, for the backward op, record its own backward."""
+    if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
+        return tuple(None if t is None else t.detach() for t in tensors)
+    return tensors
+
+
 def attention_forward(q, k, v, startend_row_indices, block_mask, softmax_scale: float, causal: bool,
                       learnable_sink=None):
     """``ops.fm3_flashmask_attention`` (same arguments, the sink as a float32 ``[num_heads]`` tensor or
     None; returns ``[out, softmax_lse]``; its backward deterministic as ``deterministic_requested()``
-    says), recording no backward when the grad mode is off: Paddle records one for a custom op
-    whatever the mode (the built-in ops do not), which would keep q, k, v alive, e.g. inside a
-    PyLayer's forward."""
-    if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
-        q, k, v = q.detach(), k.detach(), v.detach()
-        learnable_sink = None if learnable_sink is None else learnable_sink.detach()
+    says), recording no backward when the grad mode is off (``_unrecorded``), e.g. inside a PyLayer's
+    forward."""
+    q, k, v, learnable_sink = _unrecorded(q, k, v, learnable_sink)
     return ops.fm3_flashmask_attention(q, k, v, startend_row_indices, block_mask, sink_input(learnable_sink),
                                        softmax_scale, causal, deterministic_requested())
 
@@ -77,10 +83,8 @@ def attention_backward(q, k, v, startend_row_indices, block_mask, out, softmax_l
     returns ``dq, dk, dv, dsink`` (``dsink`` None without a sink). dq, dk, dv see the sink only through
     ``softmax_lse``; ``dsink`` depends only on ``out``, ``out_grad`` and ``softmax_lse``. Its own
     backward is an error (no second derivative, yaml/backward.yaml), recorded only when the grad mode
-    is on (a PyLayer's backward under ``create_graph=True``), as in ``attention_forward``."""
-    if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
-        q, k, v, out, out_grad = (t.detach() for t in (q, k, v, out, out_grad))
-        learnable_sink = None if learnable_sink is None else learnable_sink.detach()
+    is on (a PyLayer's backward under ``create_graph=True``; ``_unrecorded``)."""
+    q, k, v, out, out_grad, learnable_sink = _unrecorded(q, k, v, out, out_grad, learnable_sink)
     dq, dk, dv, dsink = ops.fm3_flashmask_attention_bwd(q, k, v, startend_row_indices, block_mask,
                                                         sink_input(learnable_sink), out, softmax_lse, out_grad,
                                                         softmax_scale, causal, deterministic)

@@ -104,13 +104,11 @@ def load_decls(yaml_dir: pathlib.Path) -> tuple[dict[str, OpDecl], dict[str, OpD
     for d in list(fwd.values()) + list(bwd.values()):
         if d.backward and d.backward not in bwd:
             raise ValueError(f"{d.name}: backward {d.backward!r} is not declared in backward.yaml")
-    for d in bwd.values():
+    for d in bwd.values():  # a grad op of a forward op, or a grad op of that grad op (Paddle's double grad)
         parent = fwd.get(d.forward) or bwd.get(d.forward)
         if parent is None or parent.backward != d.name:
             raise ValueError(f"{d.name}: forward {d.forward!r} does not link back to it")
-    for d in bwd.values():  # a grad op of a forward op, or a grad op of that grad op (Paddle's double grad)
-        parent = fwd.get(d.forward)
-        d.level, d.root = (1, d.forward) if parent else (2, bwd[d.forward].forward)
+        d.level, d.root = (1, d.forward) if d.forward in fwd else (2, parent.forward)
         if d.level == 2 and d.root not in fwd:
             raise ValueError(f"{d.name}: Paddle registers grad ops two levels deep at most")
     return fwd, bwd

@@ -8,7 +8,8 @@
 #   BENCH_ARGS="--bwd --total-tokens 32768 --seqlens 8192 --head-dims 128 --families full,causal --flex-backends none" \
 #   tools/gpu_ab.sh
 # Each build folder holds a libfm3_cuda.so from scripts/gpu_build.sh (carry them, and
-# paddle_fm3/_config.py; or carry .devcarry/NAME.so.xz, unpacked to .devbuild_NAME by tools/gpu_env.sh). An entry DIR@VAR=VALUE runs DIR's library with that environment variable set
+# paddle_fm3/_config.py; or carry .devcarry/NAME.so.xz, unpacked to .devbuild_NAME by
+# tools/gpu_env.sh). An entry DIR@VAR=VALUE runs DIR's library with that environment variable set
 # (e.g. ".vb1@FM3_BWD_GRID=items": one build, two launch modes). At the end every run's rows are in
 # $OUT/ab_rows.json (each row with its "build" entry and "round") and the runs' logs in $OUT/ab_logs.tar.gz:
 # two files, whatever the number of runs (a device call brings back only a few).

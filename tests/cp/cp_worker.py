@@ -97,6 +97,7 @@ def two_masks():
 
 guarded("two_masks", two_masks)
 
+
 def no_second_derivative():
     """A gradient penalty through CP attention: an error on every rank, not a dropped term."""
     plan = fm3dist.make_cp_plan(masks.causal(S).startend_row_indices, causal=True, segment_size=SEG)
