@@ -15,6 +15,7 @@
 # two files, whatever the number of runs (a device call brings back only a few).
 source "$(dirname "$0")/gpu_env.sh"
 read -r -a builds <<< "${BUILDS:?BUILDS: the build folders to compare}"
+mapfile -t bench_args < <(shell_words "${BENCH_ARGS:?BENCH_ARGS: bench_attention.py arguments}")
 use() { cp "$1/libfm3_cuda.so" paddle_fm3/kernels/libfm3_cuda.so; }
 for b in ${TEST_BUILDS:-}; do  # GPU tests and compute-sanitizer: tools/gpu_run.sh on that build
   echo "== tests $b"
@@ -30,7 +31,9 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     echo "== $entry round $r"
     name="$(basename "$b" | tr -d .)${env_set:+_${entry##*=}}_r$r"
     env "${env_set[@]}" timeout "${BENCH_TIMEOUT:-200}" python3 tools/bench_attention.py \
-      ${BENCH_ARGS:?BENCH_ARGS: bench_attention.py arguments} --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+      "${bench_args[@]}" --out "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    rc=$?
+    [ $rc -eq 124 ] && echo "timed out after ${BENCH_TIMEOUT:-200} s" >> "$OUT/$name.log"  # a hang leaves no other trace
     grep "^| [0-9]" "$OUT/$name.log" || tail -5 "$OUT/$name.log"  # the rows, or why there are none
   done
 done

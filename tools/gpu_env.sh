@@ -15,3 +15,6 @@ for f in "$ROOT"/.devcarry/*.so.xz; do
   mkdir -p "$d" && python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
     "$f" "$d/libfm3_cuda.so"
 done
+# The words of an argument string given in an environment variable, quotes honoured as the shell
+# would (TESTS='-q -k "d80 or d96"'), one per line: mapfile -t args < <(shell_words "$TESTS").
+shell_words() { python3 -c 'import shlex, sys; sys.stdout.write("".join(w + "\n" for w in shlex.split(sys.argv[1])))' "$1"; }

@@ -4,7 +4,7 @@
 # case's backward errors summarized), compute-sanitizer memcheck + racecheck on small forward and
 # backward cases, and the benchmarks. Logs to ${OUT:-.devout}. Each stage has a timeout, so a hang
 # shows as one and the later stages still run.
-#   TESTS="-x -q tests/gpu" BENCH="--seqlens 32768 --head-dims 128" \
+#   TESTS='-x -q tests/gpu -k "d80 or d96"' BENCH="--seqlens 32768 --head-dims 128" \
 #   BENCH_BWD="--total-tokens 32768 --seqlens 32768 --head-dims 128 --rep 3" tools/gpu_run.sh
 # TESTS=none / SANITIZE=0 skip a stage; BENCH / BENCH_BWD unset skip the forward / backward benchmark.
 source "$(dirname "$0")/gpu_env.sh"
@@ -13,7 +13,8 @@ LIB="${LIB_DIR:-$ROOT/.devbuild}"
 scripts/build_dlpack_ext.sh "$LIB" 2>&1 | tail -1
 if [ "${TESTS:-}" != "none" ]; then
   rm -f "$OUT/bwd_errors.jsonl"
-  FM3_BWD_ERR_LOG="$OUT/bwd_errors.jsonl" timeout "${TEST_TIMEOUT:-300}" python3 -m pytest ${TESTS:--q tests/gpu} \
+  mapfile -t test_args < <(shell_words "${TESTS:--q tests/gpu}")
+  FM3_BWD_ERR_LOG="$OUT/bwd_errors.jsonl" timeout "${TEST_TIMEOUT:-300}" python3 -m pytest "${test_args[@]}" \
     -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -30
   python3 - "$OUT/bwd_errors.jsonl" <<'PY'
 import json, os, sys
@@ -35,10 +36,12 @@ if [ "${SANITIZE:-1}" = "1" ]; then
   done
 fi
 if [ -n "${BENCH:-}" ]; then
-  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench_attention.py $BENCH --out "$OUT/bench.json" 2>&1 \
+  mapfile -t bench_args < <(shell_words "$BENCH")
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench_attention.py "${bench_args[@]}" --out "$OUT/bench.json" 2>&1 \
     | tee "$OUT/bench.log" | tail -30
 fi
 if [ -n "${BENCH_BWD:-}" ]; then
-  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench_attention.py --bwd $BENCH_BWD --out "$OUT/bwd_bench.json" 2>&1 \
+  mapfile -t bench_args < <(shell_words "$BENCH_BWD")
+  timeout "${BENCH_TIMEOUT:-300}" python3 tools/bench_attention.py --bwd "${bench_args[@]}" --out "$OUT/bwd_bench.json" 2>&1 \
     | tee "$OUT/bwd_bench.log" | tail -20
 fi
