@@ -6,7 +6,8 @@
 # shows as one and the later stages still run.
 #   TESTS='-x -q tests/gpu -k "d80 or d96"' BENCH="--seqlens 32768 --head-dims 128" \
 #   BENCH_BWD="--total-tokens 32768 --seqlens 32768 --head-dims 128 --rep 3" tools/gpu_run.sh
-# TESTS=none / SANITIZE=0 skip a stage; BENCH / BENCH_BWD unset skip the forward / backward benchmark.
+# TESTS=none / SANITIZE=0 skip a stage (SAN_CASES: which of tests/gpu/sanitize_*.py, default both); BENCH /
+# BENCH_BWD unset skip the forward / backward benchmark.
 source "$(dirname "$0")/gpu_env.sh"
 LIB="${LIB_DIR:-$ROOT/.devbuild}"
 [ -f "$LIB/libfm3_cuda.so" ] || scripts/gpu_build.sh "$LIB"
@@ -27,7 +28,7 @@ for dt in ("fp16", "bf16"):
 PY
 fi
 if [ "${SANITIZE:-1}" = "1" ]; then
-  for case in sanitize_case sanitize_bwd_case; do
+  for case in ${SAN_CASES:-sanitize_case sanitize_bwd_case}; do
     for tool in memcheck racecheck; do
       timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool $tool --error-exitcode 3 python3 tests/gpu/$case.py \
         > "$OUT/${case}_$tool.log" 2>&1
