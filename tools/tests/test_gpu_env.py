@@ -7,9 +7,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def shell_words(text, tmp_path):
-    out = subprocess.run(["bash", "-c", 'source tools/gpu_env.sh; mapfile -t a < <(shell_words "$1"); '
-                          'printf "%d:" "${#a[@]}"; printf "<%s>" "${a[@]}"', "_", text], cwd=ROOT, env={"OUT": str(tmp_path), "PATH": os.environ["PATH"]},
-                         capture_output=True, text=True, check=True)
+    """The words as the scripts get them: '<count>:<word><word>...'."""
+    script = ('source tools/gpu_env.sh; mapfile -t a < <(shell_words "$1"); '
+              'printf "%d:" "${#a[@]}"; printf "<%s>" "${a[@]}"')
+    out = subprocess.run(["bash", "-c", script, "_", text], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={"OUT": str(tmp_path), "PATH": os.environ["PATH"]})
     return out.stdout
 
 
