@@ -27,12 +27,24 @@ namespace fm3::hopper::sm90 {
 
 // Adds the dQ tile in shared memory to the workspace at `off` (both warpgroups' parts, in order when
 // they overlap and `ordered`) and waits until the bulk reductions have read the buffer.
+// Only a part's groups of head-dim columns are added (Tr::dq_real_groups): where a part ends in zero
+// padding, one reduction per 16-row warp slice ([wq][group][lane][4], 64 columns: its first groups).
 template <class Tr>
 __device__ __forceinline__ void dq_add_tile(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm, int64_t off, bool ordered) {
 #pragma unroll
   for (int part = 0; part < Tr::kConsumerWGs; ++part) {
-    bulk_reduce_add_f32(a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqWgFloats : 0),
-                        sm.sdQ + part * Tr::kDqWgFloats * 4, Tr::kDqWgFloats * 4);
+    float* const dst = a.dq_accum + off + (Tr::kDqOwnPart ? part * Tr::kDqWgFloats : 0);
+    const uint32_t src = sm.sdQ + part * Tr::kDqWgFloats * 4;
+    constexpr int kGroups = Tr::kDqCols / 8;
+    const int groups = Tr::dq_real_groups(part);
+    if (groups == kGroups) {
+      bulk_reduce_add_f32(dst, src, Tr::kDqWgFloats * 4);
+    } else if (groups > 0) {
+      static_assert(Tr::kSplitD || Tr::kDqCols == 64, "a padded part: 4 warp slices of 8 column groups");
+#pragma unroll
+      for (int wq = 0; wq < 4; ++wq)
+        bulk_reduce_add_f32(dst + wq * kGroups * 128, src + wq * kGroups * 512, groups * 512);
+    }
     if constexpr (!Tr::kDqOwnPart) {  // both parts add to the same elements
       if (ordered && part + 1 < Tr::kConsumerWGs) {
         bulk_commit();

@@ -57,30 +57,42 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
   constexpr int kS = kBlockM / 2;   // S^T / dP^T accumulators per thread (64 keys x kBlockM queries)
   constexpr int kKs = kBlockM / 16;  // k16 steps of dV / dK (queries)
 
-  // dQ (64 queries x 64 head-dim columns) = dS K over kDqKeys keys, from dS^T buffer `buf`:
+  // dQ (64 queries x kDqN head-dim columns) = dS K over kDqKeys keys, from dS^T buffer `buf`:
   // A = dS^T [keys][queries] and B = K [keys][head dim], both MN-major (k16 step = 16 key rows).
-  // At 80 and 96 the second warpgroup's part keeps N = 64 over K's zero-filled columns: N = 16 / 32
-  // there made the whole backward 5-15% slower (BENCHMARKS.md, head dims 80 and 96).
-  auto issue_dq = [&](int buf, float (&dq)[32]) {
+  // At 80 and 96 the first warpgroup computes all of it (N = 80 / 96, Tr::kDqOneWg); the second
+  // commits no group (an empty one becomes a dummy HGMMA that both warpgroups pass, and the first's
+  // wait for dV then waits for dQ too) and waits for dV with a count of 0 instead of 1.
+  auto issue_dq = [&](int buf, float (&dq)[Tr::kDqN / 2]) {
     const uint32_t key0 = Tr::kDqOwnPart ? 0 : cw * 64 * 128;
     const uint32_t qsub = Tr::kDqSplitM ? cw * kBlockN * 128 : 0;  // this warpgroup's 64 queries
-    gmma_fence();
+    if (!Tr::kDqOneWg || cw == 0) {
+      gmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
-      gmma_ss_mn<T, 64>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048), dq,
-                        ks > 0);
-    gmma_commit();
+      for (int ks = 0; ks < Tr::kDqKeys / 16; ++ks)
+        gmma_ss_mn<T, Tr::kDqN>(dsc_ds.at(buf * Tr::kDsBytes + qsub + key0 + ks * 2048), dsc_kd.at(key0 + ks * 2048),
+                                dq, ks > 0);
+      gmma_commit();
+    }
   };
-  // This warpgroup's 64 x 64 part of the dQ tile at workspace offset `off` to shared memory in
-  // accumulator order (bwd::dq_tile_offset), once the writer has read the previous tile's; the
-  // writer warp adds it to the workspace.
-  auto write_dq = [&](const float (&dq)[32], int64_t off) {
+  // This warpgroup's part of the dQ tile at workspace offset `off` to shared memory in accumulator
+  // order (bwd::dq_tile_offset; accumulator group j, 8 columns, goes to part j / 8), once the writer
+  // has read the previous tile's; the writer warp adds it to the workspace. With kDqOneWg the second
+  // warpgroup stores nothing but still waits for each tile's read: its parity wait on dq_empty at
+  // the end of the stream must not be two phases behind (it would pass early, and its end-of-stream
+  // arrival would complete the last tile's dq_full phase in place of the first warpgroup's).
+  auto write_dq = [&](const float (&dq)[Tr::kDqN / 2], int64_t off) {
     ring.wait_dq_buffer(sm);
-    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqWgFloats + wq * 8 * 128 + lane * 4;
+    if (!Tr::kDqOneWg || cw == 0) {
+      float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqWgFloats + wq * 8 * 128 + lane * 4;
+      // the rest is padding the writer leaves out
+      const int groups = Tr::kDqOneWg ? Tr::kDqN / 8 : Tr::kDqPadded ? Tr::dq_real_groups(cw) : 8;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      *reinterpret_cast<float4*>(dst + j * 128) = make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    fence_proxy_async();  // read by the bulk reduction (async proxy)
+      for (int j = 0; j < Tr::kDqN / 8; ++j)
+        if (j < groups)
+          *reinterpret_cast<float4*>(dst + (j / 8) * Tr::kDqWgFloats + (j % 8) * 128) =
+              make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      fence_proxy_async();  // read by the bulk reduction (async proxy)
+    }
     ring.hand_dq(sm, off, cw == 0 && wq == 0 && lane == 0);
   };
 
@@ -192,9 +204,12 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     gmma_commit();
     fence_proxy_async();  // the dS^T stores above are read by dQ's WGMMA (async proxy)
     named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both halves of dS^T written
-    float dq[32];
+    float dq[Tr::kDqN / 2];
     issue_dq(dsb, dq);
-    gmma_wait<1>();  // dV done
+    if (!Tr::kDqOneWg || cw == 0)
+      gmma_wait<1>();  // dV done
+    else
+      gmma_wait<0>();
     fence_regs(dv);
     fence_regs(pp);
 #pragma unroll

@@ -75,6 +75,19 @@ struct BwdWgmmaTraits {
   static constexpr int kDqKeys = kDqOwnPart ? kBlockN : 64;
   static constexpr int kDqCols = kDqSplitD ? kTileDim / kConsumerWGs : 64;  // a warpgroup's dQ columns
   static constexpr int kDqWgFloats = 64 * kDqCols;                          // a warpgroup's dQ part
+  // At 80 and 96 (split along the head dim, one whole 64-column sub-tile and part of a second) the
+  // first warpgroup computes the whole tile, N = kHeadDim, into both parts (FlashAttention-4's
+  // dQ_single_wg): N = 64 on the second's zero-filled columns is 1.6 / 1.33x the product's work.
+  static constexpr bool kDqOneWg = kDqSplitD && !kSplitD && kHeadDim % 64 != 0;
+  static constexpr int kDqN = kDqOneWg ? kHeadDim : 64;  // the columns of a warpgroup's dQ WGMMA
+  // 8-column groups of part `part` that hold head-dim columns: past the head dim the tile is zero
+  // padding (at 80 and 96 the second part's last 48 / 32 columns), which is neither stored nor added.
+  __host__ __device__ static constexpr int dq_real_groups(int part) {
+    if (kSplitD) return kDqCols / 8;  // 192, 256: no padding
+    const int g = (kHeadDim - (kDqSplitD ? part * kDqCols : 0)) / 8;
+    return g < 0 ? 0 : (g > kDqCols / 8 ? kDqCols / 8 : g);
+  }
+  static constexpr bool kDqPadded = !kSplitD && kHeadDim % 64 != 0;  // some part has padding groups
   // dK (and dQ) / dV: a warpgroup's rows (keys) and columns, kDkRegs / kDvRegs accumulators per thread.
   static constexpr int kDkCols = kSplitD ? kHeadDim / kConsumerWGs : kHeadDim;
   static constexpr int kDkRegs = kDkCols / 2;
