@@ -209,7 +209,7 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     if (!Tr::kDqOneWg || cw == 0)
       gmma_wait<1>();  // dV done
     else
-      gmma_wait<0>();
+      gmma_wait<0>();  // dV done (this warpgroup committed no dQ group)
     fence_regs(dv);
     fence_regs(pp);
 #pragma unroll
