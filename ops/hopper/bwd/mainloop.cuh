@@ -84,13 +84,10 @@ __device__ __forceinline__ void bwd_consumer(const bwd::BwdArgs& a,
     ring.wait_dq_buffer(sm);
     if (!Tr::kDqOneWg || cw == 0) {
       float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + cw * Tr::kDqWgFloats + wq * 8 * 128 + lane * 4;
-      // the rest is padding the writer leaves out
-      const int groups = Tr::kDqOneWg ? Tr::kDqN / 8 : Tr::kDqPadded ? Tr::dq_real_groups(cw) : 8;
 #pragma unroll
-      for (int j = 0; j < Tr::kDqN / 8; ++j)
-        if (j < groups)
-          *reinterpret_cast<float4*>(dst + (j / 8) * Tr::kDqWgFloats + (j % 8) * 128) =
-              make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+      for (int j = 0; j < Tr::kDqN / 8; ++j)  // the padding past the head dim is neither computed nor stored
+        *reinterpret_cast<float4*>(dst + (j / 8) * Tr::kDqWgFloats + (j % 8) * 128) =
+            make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
       fence_proxy_async();  // read by the bulk reduction (async proxy)
     }
     ring.hand_dq(sm, off, cw == 0 && wq == 0 && lane == 0);

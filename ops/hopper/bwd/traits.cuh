@@ -87,7 +87,7 @@ struct BwdWgmmaTraits {
     const int g = (kHeadDim - (kDqSplitD ? part * kDqCols : 0)) / 8;
     return g < 0 ? 0 : (g > kDqCols / 8 ? kDqCols / 8 : g);
   }
-  static constexpr bool kDqPadded = !kSplitD && kHeadDim % 64 != 0;  // some part has padding groups
+  static_assert(kSplitD || kHeadDim % 64 == 0 || kDqOneWg, "a padded dQ tile is computed by one warpgroup");
   // dK (and dQ) / dV: a warpgroup's rows (keys) and columns, kDkRegs / kDvRegs accumulators per thread.
   static constexpr int kDkCols = kSplitD ? kHeadDim / kConsumerWGs : kHeadDim;
   static constexpr int kDkRegs = kDkCols / 2;
