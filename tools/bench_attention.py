@@ -14,7 +14,8 @@ head dim 192 and v 128, MLA's), times in one run
     flash_attn_func on full, causal and causal sliding-window masks (window_size=(w, 0)),
     flash_attn_varlen_func with cu_seqlens on packed documents (document, causal_document: the
     documents read off the mask by paddle_fm3.mask_semantics.document_lengths); the row's fa4_call
-    says which, and fa4_maxdiff how far its output is from ours (the same mask, or the peer is wrong),
+    says which, and fa4_maxdiff / fa4_reldiff how far its output (backward: gradients) is from ours,
+    element-wise / relative (the same mask, or one of the two is wrong: tools/check_peer_grads.py),
 and the block-summary kernel alone (summary_pct: its GPU time from torch.profiler, in percent of
 fm3's forward time). TFLOP/s count only visible pairs: 4 * B * H * D * pairs / t.
 Each row carries family, head_dim, seqlen, batch, heads and the TFLOP/s of fm3, flex_flash,
@@ -327,6 +328,14 @@ def fa4_peer(sri_np, causal, b, s):
     return None
 
 
+def differences(theirs, ours):
+    """(largest element-wise, largest relative Frobenius) difference over pairs of tensors: how far a
+    peer's output or gradients are from ours (bench_summary.fa4_disagrees)."""
+    mx = max(float((a.float() - b.float()).abs().max()) for a, b in zip(theirs, ours))
+    rel = max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)) for a, b in zip(theirs, ours))
+    return mx, rel
+
+
 def with_fa4(row, sri_np, causal, b, s, use):
     """fa4_peer for the row, recording its call (fa4_call) or why it has none (fa4_error); None if
     not used (--no-fa4) or not applicable."""
@@ -508,7 +517,7 @@ def main_fwd(args):
             }, args.rounds)
             if row.get("fa4"):
                 kernels.flashmask_fwd(q, k, v, sri, out, lse, causal=causal)
-                row["fa4_maxdiff"] = float((fa4[1](q, k, v).float() - out.float()).abs().max())
+                row["fa4_maxdiff"], row["fa4_reldiff"] = differences([fa4[1](q, k, v)], [out])
             bn = kernels.block_n(d, dv)
             summ = torch.empty(b, 1, -(-s // bn), 8, dtype=torch.int32, device="cuda")
             ts = kernel_seconds(lambda: kernels.block_summary(sri, summ, causal=causal, seqlen_q=s, block_n=bn),
@@ -583,7 +592,7 @@ def main_bwd(args):
             if row.get("fa4"):  # the peer computes the same gradients, or it is the wrong peer
                 fm3_bwd()
                 grads = torch.autograd.grad(fa4[1](q4, k4, v4), (q4, k4, v4), do)
-                row["fa4_maxdiff"] = max(float((g.float() - r.float()).abs().max()) for g, r in zip(grads, (dq, dk, dv)))
+                row["fa4_maxdiff"], row["fa4_reldiff"] = differences(grads, (dq, dk, dv))
             if args.clocks:
                 row.update(gemm_sustained())
             emit(rows, row, args.out)

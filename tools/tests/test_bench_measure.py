@@ -128,6 +128,23 @@ def test_summary_fastest_is_each_rows_best_peer():
     assert mod.with_fastest(rows[1])["fastest_peer"] == "cudnn"
 
 
+def test_summary_leaves_out_a_disagreeing_fa4():
+    spec = importlib.util.spec_from_file_location("bench_summary", SCRIPT.parent / "bench_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = {"family": "causal", "head_dim": 80, "seqlen": 8192, "fm3": 440.0, "fa4": 490.0, "cudnn": 350.0,
+           "params_seed": 1, "density": 0.5}
+    agree = [{**row, "fa4_maxdiff": 0.0156}, {**row, "fa4_maxdiff": 0.5, "fa4_reldiff": 0.004}]
+    disagree = [{**row, "fa4_maxdiff": 2.98}, {**row, "fa4_maxdiff": 0.02, "fa4_reldiff": 1.2}]
+    for r in agree:
+        assert not mod.fa4_disagrees(r) and mod.with_fastest(r)["fastest_peer"] == "fa4"
+    for r in disagree:
+        assert mod.fa4_disagrees(r) and mod.with_fastest(r)["fastest_peer"] == "cudnn"
+    table = mod.worst_ratios(disagree)
+    assert table[(80, 80, 8192, "causal", "fastest")]["worst"] == pytest.approx(440 / 350)
+    assert table[(80, 80, 8192, "causal", "fa4")]["worst"] == pytest.approx(440 / 490)  # its own column stays
+
+
 def test_fa4_window_peer_only_for_causal_sliding_windows():
     # The sliding-window family maps to FlashAttention-4's window_size=(w, 0); no other family does.
     import numpy as np
