@@ -1,8 +1,8 @@
 """Gradients of ours and of FlashAttention-4's own call at a benchmark's shape, against an fp32 reference
 on a few (batch, head) slices: which one is right where they disagree (bench_attention.py's fa4_maxdiff).
 
-The inputs, masks and calls are bench_attention.py's (the same seed gives the same tensors); the
-reference is dense fp32 attention with the mask of paddle_fm3.mask_semantics.to_dense, through autograd,
+The masks and calls are bench_attention.py's (--seed draws the family's parameters as its
+--random-params does), the inputs random normal bf16 as there; the reference is dense fp32 attention with the mask of paddle_fm3.mask_semantics.to_dense, through autograd,
 one (batch, head) at a time. Prints one line per implementation, family and gradient: the largest
 absolute error over the slices and the relative Frobenius error, and exits 1 if an implementation's
 relative error exceeds --tol (bf16 inputs, fp32 accumulation: about 1e-2 at most).
