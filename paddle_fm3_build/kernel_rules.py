@@ -114,13 +114,17 @@ def serve_fwd(c: dict) -> dict:
 def bwd_wgmma_error(c: dict) -> str | None:
     """Why the backward WGMMA kernel (BwdWgmmaTraits, bwd/traits.cuh) cannot serve config c, or None:
     64 x 128 tiles at tile head dims 64 / 128 (or 128 x 128 at 64), 64 x 64 tiles at 192 (one or two
-    stages) and 256 (one stage: the 227 KiB hold no second)."""
+    stages) or 64 x 96 (FlashAttention-4's shape there; whether two stages fit is BwdWgmmaTraits'
+    shared-memory assert), and 256 (one stage: the 227 KiB hold no second)."""
     tile, bm, bn, st = bwd_tile_dim(c["head_dim"], c["head_dim_v"]), c["block_m"], c["block_n"], c["stages"]
+    if tile == 192 and (bm, bn) == (64, 96) and 1 <= st <= 2:
+        return None
     if tile in (192, 256):
         most = 2 if tile == 192 else 1
         if (bm, bn) == (64, 64) and 1 <= st <= most:
             return None
-        return f"at tile head dim {tile} it takes 64 x 64 tiles and {'one or two stages' if most == 2 else 'one stage'}"
+        shapes = "64 x 64 tiles (one or two stages) or 64 x 96" if tile == 192 else "64 x 64 tiles and one stage"
+        return f"at tile head dim {tile} it takes {shapes}"
     if bn != 128 or not (bm == 64 or (bm == 128 and tile == 64)):
         return f"at tile head dim {tile} it takes 64 x 128 tiles (or 128 x 128 at 64)"
     return None if 2 <= st <= 16 else f"stages must be in [2, 16], got {st}"

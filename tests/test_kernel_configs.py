@@ -51,7 +51,7 @@ def test_shipped_configs_state_their_kernel():
     assert "{64, 64, 192, 128, 3, 3, false, true, true}," in header
     assert "{128, 128, 128, 128, 2, 2, true, true, true}," in header
     assert "{96, 96, 128, 128, 2, 2, true, true, false},  // head_dim 96: wgmma\n" in header  # WGMMA only
-    assert "{192, 128, 192, 64, 64, 2, true, false}," in header  # the MLA backward: tile head dim 192, two stages
+    assert "{192, 128, 192, 64, 96, 2, true, false}," in header  # the MLA backward: tile head dim 192, 64 x 96, two stages
     assert "std::array<Sm90Config, 7> kSm90Configs" in header and "std::array<Sm90BwdConfig, 7> kSm90BwdConfigs" in header
     ns = {}
     exec(codegen.gen_py_config(cfg), ns)  # noqa: S102 - our own generated module
@@ -77,6 +77,19 @@ def test_backward_split_d_stages_the_wgmma_kernel_takes():
     with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 192/128: no kernel serves it: the WGMMA kernel: "
                                                   r"at tile head dim 192 .*one or two stages.*the mma.sync kernels: "
                                                   r"head_dim_v 128 != head_dim 192"):
+        codegen.check_kernel_configs(cfg)
+
+
+def test_backward_64x96_tiles_only_at_tile_head_dim_192():
+    """FlashAttention-4's 64 x 96 backward tiles (bwd/mainloop_swap_dkv.cuh) serve 192 and 192/128 only."""
+    cfg = copy.deepcopy(CFG)
+    cfg["sm90_bwd"] = [bwd(192, bn=96, st=1) if c["head_dim"] == 192 and c.get("head_dim_v", 192) == 192 else c
+                       for c in cfg["sm90_bwd"]]
+    served = [c for c in codegen.check_kernel_configs(cfg)["sm90_bwd"] if c["head_dim"] == 192]
+    assert [c["kernel"] for c in served] == ["wgmma", "wgmma"]
+    cfg["sm90_bwd"] = [bwd(256, bn=96, st=1) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
+    with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 256: no kernel serves it: the WGMMA kernel: "
+                                                  r"at tile head dim 256 it takes 64 x 64 tiles and one stage"):
         codegen.check_kernel_configs(cfg)
 
 

@@ -28,6 +28,11 @@ namespace fm3::hopper::sm90 {
 __host__ __device__ __forceinline__ constexpr int swizzle128(int row, int chunk) {
   return row * 128 + ((chunk ^ (row & 7)) << 4);
 }
+// Byte offset of 16-byte half `half` (0, 1) of row `row` in a 32-byte-swizzled block of 16-element
+// rows (256-byte aligned; gmma_desc's kSwizzle32B).
+__host__ __device__ __forceinline__ constexpr int swizzle32(int row, int half) {
+  return row * 32 + ((half ^ ((row >> 2) & 1)) << 4);
+}
 
 // ---- mbarriers ------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -134,12 +139,16 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 
 // ---- WGMMA ------------------------------------------------------------------
-// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1).
-__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+// Shared-memory matrix descriptor; layout type 1: 128-byte swizzle (the TMA tiles above), 3: 32-byte
+// swizzle (16-element rows, 16-byte halves XOR-swizzled by bit 2 of the row, 256-byte atoms:
+// swizzle32).
+constexpr uint32_t kSwizzle128B = 1, kSwizzle32B = 3;
+__device__ __forceinline__ uint64_t gmma_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                              uint32_t layout = kSwizzle128B) {
   uint64_t d = static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4);
   d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16;
   d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32;
-  d |= static_cast<uint64_t>(1) << 62;
+  d |= static_cast<uint64_t>(layout) << 62;
   return d;
 }
 
@@ -156,8 +165,9 @@ struct SmemDesc {
   // at() makes ptxas shift the sum again for each product (ULOP3 + ULEA.HI per WGMMA).
   __device__ __forceinline__ SmemDesc plus(uint32_t bytes) const { return {lo + (bytes >> 4), hi}; }
 };
-__device__ __forceinline__ SmemDesc smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  const uint64_t d = gmma_desc(smem_addr, lbo_bytes, sbo_bytes);
+__device__ __forceinline__ SmemDesc smem_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                              uint32_t layout = kSwizzle128B) {
+  const uint64_t d = gmma_desc(smem_addr, lbo_bytes, sbo_bytes, layout);
   return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
 }
 
@@ -174,6 +184,7 @@ struct GmmaAtoms;
     using SS_KMN = G::MMA_64x##N##x16_F32##NAME##_SS<G::Major::K, G::Major::MN>; \
   };
 FM3_GMMA_ATOMS(__nv_bfloat16, 32, BF16BF16)
+FM3_GMMA_ATOMS(__nv_bfloat16, 48, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 64, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 80, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 96, BF16BF16)
@@ -181,6 +192,7 @@ FM3_GMMA_ATOMS(__nv_bfloat16, 128, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 192, BF16BF16)
 FM3_GMMA_ATOMS(__nv_bfloat16, 256, BF16BF16)
 FM3_GMMA_ATOMS(__half, 32, F16F16)
+FM3_GMMA_ATOMS(__half, 48, F16F16)
 FM3_GMMA_ATOMS(__half, 64, F16F16)
 FM3_GMMA_ATOMS(__half, 80, F16F16)
 FM3_GMMA_ATOMS(__half, 96, F16F16)

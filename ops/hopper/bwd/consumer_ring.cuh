@@ -36,7 +36,7 @@ struct BwdConsumerRing {
       hm = bwd::mask_head(a, h);
       head_off = (static_cast<int64_t>(blk.b) * a.num_heads + h) * a.lse_stride;
     }
-    if (partial && hm != cur_hm) {
+    if (!Tr::kSwapDkv && partial && hm != cur_hm) {  // (kSwapDkv: the producer's visibility bits)
       const int64_t bhm = static_cast<int64_t>(blk.b) * a.mask_heads + hm;
       const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
 #pragma unroll

@@ -7,17 +7,19 @@
 //                      Q, dO, lse2, delta into the ring
 //   bwd/dq_writer.cuh  warp 1 (and 2): bulk fp32 reductions of each finished dQ tile into the workspace
 //   bwd/mainloop.cuh   consumer warpgroups: S^T, dP^T, P^T / dS^T, dV, dQ, dK per query tile
-//   bwd/mainloop_split_d.cuh  the same at head dim 256: two warpgroups sharing the keys, splitting
-//                      the queries of S^T and the columns of dK, dV, dQ
+//   bwd/mainloop_split_d.cuh  the same at head dims 192 and 256: two warpgroups sharing the keys,
+//                      splitting the queries of S^T and the columns of dK, dV, dQ
+//   bwd/mainloop_swap_dkv.cuh  192 and 192 / 128 on 64 x 96 tiles: S, dP with the queries on M,
+//                      dK^T, dV^T with the head dim on M (and their epilogue)
 //   bwd/epilogue.cuh   dK and dV, staged in shared memory, written with 16-byte stores
 //   bwd/tile_scheduler.cuh  the key block of each CTA and the launch grid (default / deterministic order)
 //
-// One CTA = one (key block of kBlockN = 128 columns (64 at head dim 256), kv head, batch); 384
-// threads. Warpgroup 0, the producer (setmaxnreg down): warp 0 streams the surviving query tiles
+// One CTA = one (key block of kBlockN = 128 columns (64 at 192 and 256, 96 at 192 / 128), kv head,
+// batch); 384 threads. Warpgroup 0, the producer (setmaxnreg down): warp 0 streams the surviving query tiles
 // of every query head of the GQA group into a kStages-deep ring on mbarriers; warp 1 is the dQ
 // writer (in deterministic mode warp 2 a second one, taking the odd tiles); the other warps exit.
-// Warpgroups 1..2, the consumers (setmaxnreg up), 64 keys each (at head dim 256 the same 64 keys,
-// half the columns each), drain the ring, keep dK and dV in registers over the whole GQA group and
+// Warpgroups 1..2, the consumers (setmaxnreg up), 64 keys each (at 192 and 256 the same 64 keys,
+// half the columns each; at 192 / 128 48 of the 96), drain the ring, keep dK and dV in registers over the whole GQA group and
 // hand each tile's dQ to the writer.
 // Measurements and the variants tried: BENCHMARKS.md (Hopper backward).
 //
@@ -33,6 +35,7 @@
 #include "bwd/dq_writer.cuh"
 #include "bwd/mainloop.cuh"
 #include "bwd/mainloop_split_d.cuh"
+#include "bwd/mainloop_swap_dkv.cuh"
 #include "bwd/producer.cuh"
 #include "bwd/trace.cuh"
 #include "bwd/tile_scheduler.cuh"
@@ -57,7 +60,8 @@ __global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(sm.bar_full + 8 * s, 1);                         // lane 0 of producer warp 0 (+ transaction bytes)
+      // lane 0 of producer warp 0 (+ transaction bytes); kSwapDkv: every lane, after its visibility bits
+      mbar_init(sm.bar_full + 8 * s, Tr::kSwapDkv ? 32 : 1);
       // every consumer thread, and the deterministic dQ writer of the tile where it reads the ring (bwd/dq_writer.cuh)
       const bool writer_reads = Tr::kRingTileAhead && a.dq_semaphore != nullptr;
       mbar_init(sm.bar_empty + 8 * s, 128 * Tr::kConsumerWGs + (writer_reads ? 1 : 0));
@@ -82,7 +86,9 @@ __global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM
     return;
   }
   reg_alloc<Tr::kConsumerRegs>();
-  if constexpr (Tr::kSplitD)
+  if constexpr (Tr::kSwapDkv)
+    bwd_consumer_swap_dkv<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
+  else if constexpr (Tr::kSplitD)
     bwd_consumer_split_d<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);
   else
     bwd_consumer<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>(a, sm, blk, tid, warp, lane, wg);

@@ -6,7 +6,8 @@
 // mbarriers, with the tile's entry (index + partial tag) and head beside each stage. A fully
 // masked tile is never loaded. An entry of -1 ends the stream.
 // block_mask: a tile lies inside one 128 x 128 block, so apply_block_mask decides it whole and no
-// per-element block_mask lookup is needed.
+// per-element block_mask lookup is needed; except on 64 x 96 tiles (BwdWgmmaTraits::kSwapDkv), whose
+// partial tiles get per-element visibility bits from the producer, block_mask in them.
 #pragma once
 #include <cuda.h>
 #include <stdint.h>
@@ -62,10 +63,35 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
       const int count = compact_window<32, 1>(classify, first, n_mtiles, sm.list, sm.warp_counts);
       bwd_trace(kTraceScheduled, lane == 0 && first_load && count > 0);
       for (int i = count - 1; i >= 0; --i) {
+        if constexpr (Tr::kSwapDkv) {
+          // Every lane: on a partial tile, the visibility bits of key columns lane, lane + 32, ... for
+          // the tile's rows (32 per word; block_mask too, as a 96-key block may straddle two of its
+          // blocks), then its arrival (lane 0's below, with the transaction bytes).
+          const int entry = sm.list[i];
+          mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
+          if (BlockEntry::partial(entry)) {
+            const int m0 = BlockEntry::block(entry) * kBlockM;
+            const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
+            uint32_t* dst = sm.mask + stage * Tr::kMaskStageInts;
+#pragma unroll
+            for (int kc = lane; kc < kBlockN; kc += 32) {
+              const int col = n0 + kc;
+              const ColumnBounds cb = column_bounds(sri, col, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal,
+                                                    causal_offset);
+#pragma unroll
+              for (int w = 0; w < Tr::kMaskWords; ++w) {
+                const int r0 = m0 + 32 * w;
+                const bool dropped = bm != nullptr && col < a.seqlen_k && !block_kept(bm, a.bm_cols, r0, col);
+                dst[kc * Tr::kMaskWords + w] = dropped ? 0u : visible_bits(cb, r0);
+              }
+            }
+          }
+          if (lane != 0) mbar_arrive(sm.bar_full + 8 * stage);
+        }
         if (lane == 0) {
           const int entry = sm.list[i];
           const int m0 = BlockEntry::block(entry) * kBlockM;
-          mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
+          if constexpr (!Tr::kSwapDkv) mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
           sm.entry[stage] = entry;
           sm.head[stage] = h;
           const uint32_t full = sm.bar_full + 8 * stage;
@@ -94,7 +120,7 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
     for (int e = 0; e < ends; ++e) {
       mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
       sm.entry[stage] = -1;
-      mbar_arrive(sm.bar_full + 8 * stage);
+      mbar_arrive(sm.bar_full + 8 * stage, Tr::kSwapDkv ? 32 : 1);
       if (++stage == kStages) {
         stage = 0;
         phase ^= 1;

@@ -14,7 +14,7 @@ namespace fm3::hopper::sm90 {
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages>
 struct BwdWgmmaTraits {
   static constexpr int kNumStages = kStages;
-  static constexpr int kDim = kHeadDim, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
+  static constexpr int kDim = kHeadDim, kDimV = kHeadDimV, kTileM = kBlockM, kTileN = kBlockN;  // the parameters, for roles given Tr
   // kHeadDim: the width of the products of Q and K (the larger of the two head dims; on the split-D
   // path the tile head dim, flash_bwd_launch.cu); kHeadDimV: of V and dO (dP^T's reduction, dV's
   // columns): kHeadDim, except on the split-D path, where it is v's head dim rounded up to 64 (MLA's
@@ -31,6 +31,12 @@ struct BwdWgmmaTraits {
   // split the head dim (bwd/mainloop_split_d.cuh): a warpgroup's dK and dV over all the columns would
   // take 192 / 256 registers per thread. Otherwise 64 keys per consumer warpgroup (bwd/mainloop.cuh).
   static constexpr bool kSplitD = kHeadDim > 128;
+  // 192 and 192 / 128 on 64 x 96 tiles (FlashAttention-4's shape there, bwd/mainloop_swap_dkv.cuh):
+  // S and dP with the queries on WGMMA's M, each warpgroup 48 of the 96 keys; dK^T = Q^T dS and
+  // dV^T = dO^T P with the head dim on M (72 + 48 accumulators per thread at 192 / 128, where 64
+  // keys per warpgroup would need 160); dQ as on the split-D path, 96 columns per warpgroup.
+  static constexpr bool kSwapDkv = kSplitD && kBlockN == 96;
+  static constexpr int kKeysPerWg = kSwapDkv ? kBlockN / 2 : 64;
   static_assert(kSplitD ? kHeadDimV % 64 == 0 && kHeadDimV <= kHeadDim : kHeadDimV == kHeadDim,
                 "WGMMA backward: one head dim, or on the split-D path v's at most q's, a multiple of 64");
   // The deterministic dQ writer reads its next tile from the ring ahead of the dQ (bwd/dq_writer.cuh;
@@ -55,12 +61,15 @@ struct BwdWgmmaTraits {
   // dS^T goes to shared memory by stmatrix at head dim 64 (FlashAttention-4): +2-3% there, -0-3% at
   // 128, where it spills more (BENCHMARKS.md).
   static constexpr bool kStmatrixDs = kHeadDim == 64;
-  static_assert(kSplitD ? kBlockM == 64 && kBlockN == 64
+  static_assert(kSplitD ? kBlockM == 64 && (kBlockN == 64 || (kBlockN == 96 && kHeadDim == 192))
                         : kBlockN == 128 && (kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64)),
                 "WGMMA backward: 64 x 128 tiles, or 128 x 128 at head dim 64 (S^T is 64 keys x kBlockM queries per "
-                "warpgroup), 64 x 64 at head dims 192 and 256");
-  static_assert(kBlockMaskSize % kBlockM == 0 && kBlockMaskSize % kBlockN == 0,
+                "warpgroup), 64 x 64 at head dims 192 and 256, 64 x 96 at 192");
+  // A 96-key block may straddle two block_mask blocks: the producer's per-element visibility bits
+  // (kMaskWords per key column and stage) then carry block_mask too.
+  static_assert(kBlockMaskSize % kBlockM == 0 && (kSwapDkv || kBlockMaskSize % kBlockN == 0),
                 "a tile must lie inside one block_mask block");
+  static constexpr int kMaskWords = kBlockM / 32;
   static_assert(kStages >= 1 && kStages <= 16, "stages");
   static constexpr int kQSub = kBlockM / 64;  // 64-query sub-tiles of dS^T (128-byte rows)
   // dQ = dS K, split between the warpgroups: along the queries when the tile has 64 per warpgroup,
@@ -89,10 +98,11 @@ struct BwdWgmmaTraits {
   }
   static_assert(kSplitD || kHeadDim % 64 == 0 || kDqOneWg, "a padded dQ tile is computed by one warpgroup");
   // dK (and dQ) / dV: a warpgroup's rows (keys) and columns, kDkRegs / kDvRegs accumulators per thread.
+  // (kSwapDkv: dK^T, dV^T, kHeadDim / kHeadDimV rows of head dim x kKeysPerWg keys; kDkCols is dQ's.)
   static constexpr int kDkCols = kSplitD ? kHeadDim / kConsumerWGs : kHeadDim;
-  static constexpr int kDkRegs = kDkCols / 2;
+  static constexpr int kDkRegs = kSwapDkv ? kHeadDim * kKeysPerWg / 128 : kDkCols / 2;
   static constexpr int kDvCols = kSplitD ? kHeadDimV / kConsumerWGs : kHeadDimV;
-  static constexpr int kDvRegs = kDvCols / 2;
+  static constexpr int kDvRegs = kSwapDkv ? kHeadDimV * kKeysPerWg / 128 : kDvCols / 2;
   // A split-D warpgroup's columns [cw cols, (cw + 1) cols) of a product cols wide per warpgroup
   // (kDkCols: dK, dQ; kDvCols: dV) in its accumulators: the whole 64-column sub-tiles first, from
   // split_whole_col, then (at 96 or 32 columns) the half sub-tile from split_half_col. Both
@@ -120,8 +130,10 @@ struct BwdWgmmaTraits {
   static constexpr int kQBytes = kBlockM * kTileDim * 2;
   static constexpr int kdOBytes = kBlockM * kTileDimV * 2;
   // dS^T [keys][queries]: kQSub sub-tiles of 128-byte rows; on the split-D path followed by P^T (the A
-  // operand of dV, from shared memory there).
+  // operand of dV, from shared memory there). kSwapDkv: dS, then P, [queries][keys] in 32-byte-swizzled
+  // blocks of 16 keys (kDsChunkBytes each).
   static constexpr int kDsBytes = (kSplitD ? 2 : 1) * kBlockN * kBlockM * 2;
+  static constexpr int kDsChunkBytes = kBlockM * 32;
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kVBytes;
@@ -132,9 +144,12 @@ struct BwdWgmmaTraits {
   // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
   // 4-byte stores of a warp's 8 keys x 4 columns then fall in 32 different banks).
   static constexpr int kEpiPitch = kTileDim * 2 + 16;
-  static_assert(2 * kBlockN * kEpiPitch <= kOffLse - kOffQ, "dK / dV staging exceeds the Q / dO / dS ring");
+  static_assert((kSwapDkv ? 1 : 2) * kBlockN * kEpiPitch <= kOffLse - kOffQ,  // kSwapDkv: one after the other
+                "dK / dV staging exceeds the Q / dO / dS ring");
   static constexpr int kOffDelta = kOffLse + kStages * kBlockM * 4;
-  static constexpr int kOffEntry = kOffDelta + kStages * kBlockM * 4;  // 16 int
+  static constexpr int kOffMask = kOffDelta + kStages * kBlockM * 4;  // kSwapDkv: visibility bits per stage
+  static constexpr int kMaskStageInts = kSwapDkv ? kBlockN * kMaskWords : 0;
+  static constexpr int kOffEntry = kOffMask + kStages * kMaskStageInts * 4;  // 16 int
   static constexpr int kOffHead = kOffEntry + 16 * 4;                    // 16 int
   static constexpr int kOffList = kOffHead + 16 * 4;                     // 128 int
   static constexpr int kOffWarpCounts = kOffList + 128 * 4;              // 4 int (+pad)
@@ -156,6 +171,7 @@ struct BwdSmem {
   uint32_t sdS;                                 // dS^T buffers
   uint32_t sLse, sDelta;                        // lse2 and delta stages
   uint32_t sdQ;                                 // the dQ tile handed to the writer warp
+  uint32_t* mask;                               // kSwapDkv: per stage, key column, 32 rows: visibility bits
   const float* lse;                             // lse2 stages (generic)
   const float* delta;                           // delta stages (generic)
   volatile int* entry;                          // per stage: the tile's entry (index + partial tag), -1 ends
@@ -179,6 +195,7 @@ struct BwdSmem {
     sDelta = base_u32 + Tr::kOffDelta;
     lse = reinterpret_cast<const float*>(base + Tr::kOffLse);
     delta = reinterpret_cast<const float*>(base + Tr::kOffDelta);
+    mask = reinterpret_cast<uint32_t*>(base + Tr::kOffMask);
     entry = reinterpret_cast<volatile int*>(base + Tr::kOffEntry);
     head = reinterpret_cast<volatile int*>(base + Tr::kOffHead);
     list = reinterpret_cast<int*>(base + Tr::kOffList);
