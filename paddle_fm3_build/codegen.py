@@ -290,7 +290,7 @@ def gen_config_header(cfg: dict) -> str:
                            c["consumer_warpgroups"], c["intra_wg_overlap"], c["kernel"] == WGMMA, c["fallback"]]), c)
                 for c in fwd]
     bwd_rows = [(_cpp_row([c["head_dim"], c["head_dim_v"], c["tile_dim"], c["block_m"], c["block_n"], c["stages"],
-                           c["kernel"] == WGMMA, c["fallback"]]), c)
+                           c["fallback_block_n"], c["kernel"] == WGMMA, c["fallback"]]), c)
                 for c in bwd]
     return "\n".join([
         HEADER + "#pragma once",
@@ -322,6 +322,7 @@ def gen_config_header(cfg: dict) -> str:
         "// dQ accumulator's rows, the WGMMA kernel's padded one; wgmma, fallback as above.",
         "struct Sm90BwdConfig {",
         "  int head_dim, head_dim_v, tile_dim, block_m, block_n, stages;",
+        "  int fallback_block_n;  // the mma.sync kernels' key blocks (kernel_rules.serve_bwd)",
         "  bool wgmma, fallback;",
         "};",
         f"inline constexpr std::array<Sm90BwdConfig, {len(bwd_rows)}> kSm90BwdConfigs = {{{{",

@@ -149,19 +149,24 @@ def bwd_mma_sync_error(c: dict) -> str | None:
 
 
 def serve_bwd(c: dict) -> dict:
-    """c with ``kernel``, ``fallback`` and ``tile_dim``, the head dim of the kernel's tiles and of the
-    dQ accumulator's rows: the WGMMA kernel's padded one, or head_dim where only the mma.sync kernels
-    serve (they take no padding). A config only the mma.sync kernels serve must have block_m 64 (their
-    warp layouts)."""
+    """c with ``kernel``, ``fallback``, ``fallback_block_n`` and ``tile_dim``, the head dim of the kernel's
+    tiles and of the dQ accumulator's rows: the WGMMA kernel's padded one, or head_dim where only the
+    mma.sync kernels serve (they take no padding). fallback_block_n: the mma.sync kernels' key blocks,
+    block_n, or 64 under the WGMMA kernel's 96-key blocks (their swizzled rows take multiples of 64; the
+    block summary is made for the kernel that runs). A config only the mma.sync kernels serve must have
+    block_m 64 (their warp layouts)."""
     where = f"sm90_bwd head_dim {dims_name(c['head_dim'], c['head_dim_v'])}"
     if (e := head_dims_error(where, c["head_dim"], c["head_dim_v"])) is not None:
         raise ConfigError(e)
     if not 1 <= c["stages"] <= 16:
         raise ConfigError(f"{where}: stages must be in [1, 16], got {c['stages']}")
-    wgmma_e, mma_e = bwd_wgmma_error(c), bwd_mma_sync_error(c)
+    wgmma_e = bwd_wgmma_error(c)
+    fallback_block_n = 64 if wgmma_e is None and c["block_n"] % 64 else c["block_n"]
+    mma_e = bwd_mma_sync_error({**c, "block_n": fallback_block_n})
     if wgmma_e is not None and mma_e is None and c["block_m"] != MMA_SYNC_BLOCK_M_BWD:
         mma_e = f"block_m must be {MMA_SYNC_BLOCK_M_BWD} (their warp layouts), got {c['block_m']}"
     if wgmma_e is not None and mma_e is not None:
         raise ConfigError(f"{where}: no kernel serves it: the WGMMA kernel: {wgmma_e}; the mma.sync kernels: {mma_e}")
     return {**c, "kernel": WGMMA if wgmma_e is None else MMA_SYNC, "fallback": mma_e is None,
-            "tile_dim": bwd_tile_dim(c["head_dim"], c["head_dim_v"]) if wgmma_e is None else c["head_dim"]}
+            "tile_dim": bwd_tile_dim(c["head_dim"], c["head_dim_v"]) if wgmma_e is None else c["head_dim"],
+            "fallback_block_n": fallback_block_n}

@@ -51,7 +51,9 @@ def test_shipped_configs_state_their_kernel():
     assert "{64, 64, 192, 128, 3, 3, false, true, true}," in header
     assert "{128, 128, 128, 128, 2, 2, true, true, true}," in header
     assert "{96, 96, 128, 128, 2, 2, true, true, false},  // head_dim 96: wgmma\n" in header  # WGMMA only
-    assert "{192, 128, 192, 64, 96, 2, true, false}," in header  # the MLA backward: tile head dim 192, 64 x 96, two stages
+    # the backward at 192 and 192/128: tile head dim 192, 64 x 96, two stages; the mma.sync kernels (192 only) on 64 keys
+    assert "{192, 192, 192, 64, 96, 2, 64, true, true}," in header
+    assert "{192, 128, 192, 64, 96, 2, 64, true, false}," in header
     assert "std::array<Sm90Config, 7> kSm90Configs" in header and "std::array<Sm90BwdConfig, 7> kSm90BwdConfigs" in header
     ns = {}
     exec(codegen.gen_py_config(cfg), ns)  # noqa: S102 - our own generated module

@@ -1,7 +1,7 @@
 // Host side of the Hopper backward: validates fm3_bwd_params, lays out the workspace (the
-// caller's, or the library pool's, workspace.cu: lse2, delta, block summary at the backward's
-// block_n via fm3_cuda_block_summary, fp32 dQ accumulator), runs block summary -> preprocess (which
-// also clears the accumulator) -> main kernel -> dQ conversion (the mma.sync fallback: the
+// caller's, or the library pool's, workspace.cu: lse2, delta, block summary at the key blocks of the
+// kernel that runs, via fm3_cuda_block_summary, fp32 dQ accumulator), runs preprocess (which also
+// clears the accumulator) -> block summary -> main kernel -> dQ conversion (the mma.sync fallback: the
 // row-parallel dQ pass when deterministic), and the learnable sink's gradient after the preprocess,
 // with the tile config generated from yaml/kernel_configs.yaml
 // (kSm90BwdConfigs, fm3_generated_config.h). C ABI: fm3_cuda_bwd (fm3_cuda.h).
@@ -141,6 +141,15 @@ int launch_fallback(const BwdArgs& args, bool deterministic, cudaStream_t stream
   }
 }
 
+// The block summary of the mask at the key blocks of the kernel about to run (block_n), into the
+// workspace's summary (sized for the finer of the config's two, workspace_layout).
+int summarize(const BwdArgs& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
+  if (a.summary == nullptr) return 0;
+  return fm3_cuda_block_summary(a.sri, a.batch, a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, block_n,
+                                reinterpret_cast<int32_t*>(const_cast<fm3::BlockSummary*>(a.summary)), stream, err,
+                                err_len);
+}
+
 // The kernels of config row I of kSm90BwdConfigs, instantiated with its values, when cfg is that row;
 // else the next row's.
 template <typename T, size_t I = 0>
@@ -162,11 +171,14 @@ int dispatch(const Sm90BwdConfig* cfg, const BwdArgs& args, bool deterministic, 
     FM3_CUDA_CHECK(cudaGetLastError());
     if (args.dlearnable_sink != nullptr && launch_sink_grad(args, lse, stream, err, err_len) != 0) return 1;
     if constexpr (c.wgmma) {
+      if (summarize(args, c.block_n, stream, err, err_len) != 0) return 1;
       const int rc = launch_wgmma<T, c.tile_dim, c.head_dim, c.head_dim_v, c.block_m, c.block_n, c.stages>(
           args, stream, err, err_len);
       if (rc >= 0) return rc;
     }
-    return launch_fallback<T, c.head_dim, c.block_n, c.fallback>(args, deterministic, stream, err, err_len);
+    if (c.fallback_block_n != c.block_n || !c.wgmma)
+      if (summarize(args, c.fallback_block_n, stream, err, err_len) != 0) return 1;
+    return launch_fallback<T, c.head_dim, c.fallback_block_n, c.fallback>(args, deterministic, stream, err, err_len);
   }
 }
 
@@ -196,7 +208,8 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp, const Sm90BwdConfig* 
   const fm3_fwd_params* p = &bp->fwd;
   const int lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * lse_stride;
-  const int block_n = cfg != nullptr ? cfg->block_n : 0;
+  // the summary at the finer of the two kernels' key blocks (dispatch computes the one that runs)
+  const int block_n = cfg != nullptr ? (cfg->block_n < cfg->fallback_block_n ? cfg->block_n : cfg->fallback_block_n) : 0;
   const size_t n_kblocks = block_n > 0 ? (p->seqlen_k + block_n - 1) / block_n : 0;
   const bool det = bp->deterministic != 0;
   AttnArgs a{};
@@ -261,7 +274,6 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   a.scale = p->softmax_scale;
   a.learnable_sink = p->learnable_sink;
   a.dlearnable_sink = bp->dlearnable_sink;
-  const int mask_heads = a.mask_heads;
 
   char* ws = static_cast<char*>(bp->workspace);
   if (ws == nullptr) FM3_CUDA_CHECK(workspace_alloc(reinterpret_cast<void**>(&ws), w.total, stream));
@@ -277,14 +289,9 @@ extern "C" int fm3_cuda_bwd(const fm3_bwd_params* bp, char* err, size_t err_len)
   cudaError_t e = cudaSuccess;
   // dq_accum is cleared by bwd_preprocess_kernel (bwd/common.cuh).
   if (deterministic) e = cudaMemsetAsync(a.dq_semaphore, 0, w.sem_bytes, stream);
-  if (e == cudaSuccess && p->startend_row_indices != nullptr)
-    rc = fm3_cuda_block_summary(p->startend_row_indices, p->batch, mask_heads, p->seqlen_q, p->seqlen_k,
-                                p->mask_cols, p->causal, cfg->block_n,
-                                reinterpret_cast<int32_t*>(const_cast<fm3::BlockSummary*>(a.summary)), stream, err,
-                                err_len);
   if (e != cudaSuccess) {
     rc = fail(err, err_len, "backward set-up: %s", cudaGetErrorString(e));
-  } else if (rc == 0) {
+  } else {
     rc = p->dtype == FM3_BFLOAT16
              ? dispatch<__nv_bfloat16>(cfg, a, deterministic, p->out, p->softmax_lse, stream, err, err_len)
              : dispatch<__half>(cfg, a, deterministic, p->out, p->softmax_lse, stream, err, err_len);

@@ -47,7 +47,21 @@ struct BwdConsumerRing {
     }
     return true;
   }
-  // This thread is done with the stage's Q, dO, lse2 and delta.
+  // Tr::kOwnDoRing: the tile's dO stage, waited for apart from Q and handed back on its own.
+  int do_stage = 0, do_phase = 0;
+  __device__ __forceinline__ void wait_do(const BwdSmem<Tr>& sm) const {
+    if constexpr (Tr::kOwnDoRing) mbar_wait(sm.bar_do_full + 8 * do_stage, do_phase);
+  }
+  __device__ __forceinline__ void release_do(const BwdSmem<Tr>& sm) {
+    if constexpr (Tr::kOwnDoRing) {
+      mbar_arrive(sm.bar_do_empty + 8 * do_stage);
+      if (++do_stage == Tr::kStagesdO) {
+        do_stage = 0;
+        do_phase ^= 1;
+      }
+    }
+  }
+  // This thread is done with the stage's Q, dO (without kOwnDoRing), lse2 and delta.
   __device__ __forceinline__ void release(const BwdSmem<Tr>& sm) {
     mbar_arrive(sm.bar_empty + 8 * stage);
     if (++stage == Tr::kNumStages) {

@@ -70,6 +70,10 @@ __global__ void __launch_bounds__(BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM
     mbar_init(sm.bar_dq_full, 128 * Tr::kConsumerWGs);
     mbar_init(sm.bar_dq_full + 8, 128 * Tr::kConsumerWGs);
     mbar_init(sm.bar_dq_empty, 1);
+    for (int s = 0; Tr::kOwnDoRing && s < Tr::kStagesdO; ++s) {
+      mbar_init(sm.bar_do_full + 8 * s, 1);                         // lane 0 of producer warp 0 (+ transaction bytes)
+      mbar_init(sm.bar_do_empty + 8 * s, 128 * Tr::kConsumerWGs);  // every consumer thread
+    }
     mbar_fence_init();
   }
   __syncthreads();

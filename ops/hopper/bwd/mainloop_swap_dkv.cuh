@@ -148,7 +148,7 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
     if (!ring.next(a, sm, blk, 0, m0, partial)) break;
     bwd_trace(kTraceFirstTile, tracer && ring.dq_count == 0);
     const int stage = ring.stage;
-    const uint32_t qoff = stage * Tr::kQBytes, dooff = stage * Tr::kdOBytes;
+    const uint32_t qoff = stage * Tr::kQBytes, dooff = (Tr::kOwnDoRing ? ring.do_stage : stage) * Tr::kdOBytes;
     const float* lse_t = sm.lse + stage * kBlockM;
     const float* delta_t = sm.delta + stage * kBlockM;
     const float lse2[2] = {lse_t[q_local], lse_t[q_local + 8]};
@@ -163,6 +163,7 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
                         ks > 0);
     }
     gmma_commit();
+    ring.wait_do(sm);
 #pragma unroll
     for (int ks = 0; ks < kHeadDimV / 16; ++ks) {
       const uint32_t off = (ks % 4) * 32;
@@ -215,6 +216,7 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
     gmma_fence();
     gmma_mn_atoms<T, kKeys, kHeadDimV / 64, kBlockM / 16>(dsc_do_mn, dooff, kBlockM * 128, 2048, dsc_ds_mn, kPtOff,
                                                           512, dv);
+    gmma_commit();
     gmma_mn_atoms<T, kKeys, kHeadDim / 64, kBlockM / 16>(dsc_q_mn, qoff, kBlockM * 128, 2048, dsc_ds_mn, 0, 512, dk);
     gmma_commit();
     float dq[kCols / 2];
@@ -223,6 +225,11 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
     else
       dq_product(Second{}, dq);
     gmma_commit();
+    if constexpr (Tr::kOwnDoRing) {
+      gmma_wait<2>();  // dV^T done: dO is no longer read
+      fence_regs(dv);
+      ring.release_do(sm);
+    }
     gmma_wait<1>();  // dV^T, dK^T done: Q, dO, lse2, delta and the mask bits of this stage are no longer read
     fence_regs(dk);
     fence_regs(dv);

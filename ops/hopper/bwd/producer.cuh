@@ -42,6 +42,7 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
     }
   }
   int stage = 0, phase = 0;
+  int do_stage = 0, do_phase = 0;  // Tr::kOwnDoRing
   bool first_load = true;  // bwd/trace.cuh
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + bwd::mask_head(a, h);
@@ -95,15 +96,27 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
           sm.entry[stage] = entry;
           sm.head[stage] = h;
           const uint32_t full = sm.bar_full + 8 * stage;
-          mbar_arrive_expect_tx(full, Tr::kQBytes + Tr::kdOBytes + 2 * kBlockM * 4);
+          mbar_arrive_expect_tx(full, Tr::kQBytes + (Tr::kOwnDoRing ? 0 : Tr::kdOBytes) + 2 * kBlockM * 4);
 #pragma unroll
           for (int c = 0; c < Tr::kDChunks; ++c) {
             tma_load_4d(sm.sQ + stage * Tr::kQBytes + c * kBlockM * 128, tmap_q, full, c * 64, m0, h, b);
-            if (c < Tr::kDChunksV)
+            if (!Tr::kOwnDoRing && c < Tr::kDChunksV)
               tma_load_4d(sm.sdO + stage * Tr::kdOBytes + c * kBlockM * 128, tmap_do, full, c * 64, m0, h, b);
           }
           bulk_load_1d(sm.sLse + stage * kBlockM * 4, lse2 + m0, kBlockM * 4, full);
           bulk_load_1d(sm.sDelta + stage * kBlockM * 4, delta + m0, kBlockM * 4, full);
+          if constexpr (Tr::kOwnDoRing) {  // dO on its own ring, after Q (S does not wait for it)
+            mbar_wait(sm.bar_do_empty + 8 * do_stage, do_phase ^ 1);
+            const uint32_t do_full = sm.bar_do_full + 8 * do_stage;
+            mbar_arrive_expect_tx(do_full, Tr::kdOBytes);
+#pragma unroll
+            for (int c = 0; c < Tr::kDChunksV; ++c)
+              tma_load_4d(sm.sdO + do_stage * Tr::kdOBytes + c * kBlockM * 128, tmap_do, do_full, c * 64, m0, h, b);
+            if (++do_stage == Tr::kStagesdO) {
+              do_stage = 0;
+              do_phase ^= 1;
+            }
+          }
           bwd_trace(kTraceFirstLoad, first_load);
           first_load = false;
         }

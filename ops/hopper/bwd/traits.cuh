@@ -37,6 +37,11 @@ struct BwdWgmmaTraits {
   // keys per warpgroup would need 160); dQ as on the split-D path, 96 columns per warpgroup.
   static constexpr bool kSwapDkv = kSplitD && kBlockN == 96;
   static constexpr int kKeysPerWg = kSwapDkv ? kBlockN / 2 : 64;
+  // Stages of dO: kStages, except at 192 on 64 x 96 tiles, where the 227 KiB hold two of Q but one
+  // of dO (FlashAttention-4's choice): dO then has its own ring (bar_do_full / bar_do_empty), handed
+  // back after dV^T, so that the next tile's S runs while its dO loads.
+  static constexpr int kStagesdO = kSwapDkv && kHeadDimV == 192 ? 1 : kStages;
+  static constexpr bool kOwnDoRing = kStagesdO != kStages;
   static_assert(kSplitD ? kHeadDimV % 64 == 0 && kHeadDimV <= kHeadDim : kHeadDimV == kHeadDim,
                 "WGMMA backward: one head dim, or on the split-D path v's at most q's, a multiple of 64");
   // The deterministic dQ writer reads its next tile from the ring ahead of the dQ (bwd/dq_writer.cuh;
@@ -139,7 +144,7 @@ struct BwdWgmmaTraits {
   static constexpr int kOffQ = kOffV + kVBytes;
   static constexpr int kOffdO = kOffQ + kStages * kQBytes;
   static constexpr int kDsBuffers = kSplitD ? 1 : 2;  // dS^T buffers (tile % 2); one on the split-D path (kSm90SmemLimit)
-  static constexpr int kOffdS = kOffdO + kStages * kdOBytes;
+  static constexpr int kOffdS = kOffdO + kStagesdO * kdOBytes;
   static constexpr int kOffLse = kOffdS + kDsBuffers * kDsBytes;  // kStages x kBlockM fp32
   // Epilogue: dK and dV staged over the Q / dO / dS^T ring, key rows padded by 16 bytes (the
   // 4-byte stores of a warp's 8 keys x 4 columns then fall in 32 different banks).
@@ -157,7 +162,7 @@ struct BwdWgmmaTraits {
   static constexpr int kOffdQ = (kOffDqOff + 8 + 1023) / 1024 * 1024;   // dQ tile, fp32, one part per warpgroup
   // full[kStages], empty[kStages], kv, dq_full[2], dq_empty
   static constexpr int kOffBar = kOffdQ + kConsumerWGs * kDqWgFloats * 4;
-  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 4);
+  static constexpr int kEnd = kOffBar + 8 * (2 * kStages + 4 + (kOwnDoRing ? 2 * kStagesdO : 0));
   static constexpr size_t kSmemBytes = kEnd + 1024;  // + alignment slack
   static_assert(kSmemBytes <= kSm90SmemLimit, "tile config exceeds the shared memory per block (yaml/kernel_configs.yaml)");
 };
@@ -181,6 +186,7 @@ struct BwdSmem {
   volatile int64_t* dq_off;                     // workspace offset of the dQ tile in sdQ, -1 ends
   uint32_t bar_full, bar_empty, bar_kv;         // mbarriers: [kStages], [kStages], K/V
   uint32_t bar_dq_full, bar_dq_empty;           // consumers <-> dQ writer: [2] (tile % 2), [1]
+  uint32_t bar_do_full, bar_do_empty;           // kOwnDoRing: [kStagesdO] each
 
   __device__ __forceinline__ explicit BwdSmem(unsigned char* smem_raw) {
     const uint32_t raw_u32 = smem_u32(smem_raw);
@@ -205,6 +211,8 @@ struct BwdSmem {
     bar_kv = bar_empty + 8 * Tr::kNumStages;
     bar_dq_full = bar_kv + 8;
     bar_dq_empty = bar_kv + 24;
+    bar_do_full = bar_dq_empty + 8;
+    bar_do_empty = bar_do_full + 8 * Tr::kStagesdO;
     sdQ = base_u32 + Tr::kOffdQ;
     dq_off = reinterpret_cast<volatile int64_t*>(base + Tr::kOffDqOff);
   }
