@@ -14,6 +14,8 @@
 //                                            writer as on the split-D path
 // dK^T, dV^T stay in registers over the whole GQA group (72 + 48 per thread at 192 / 128, 72 + 72
 // at 192, where 64 keys per warpgroup would need 160 / 192); bwd_epilogue_swap_dkv writes them.
+// At 192 dO has its own one-stage ring (BwdWgmmaTraits::kOwnDoRing): waited for before dP, handed
+// back once dV^T is done, so the next tile's S runs while its dO loads.
 #pragma once
 #include <stdint.h>
 
