@@ -89,6 +89,14 @@ def test_backward_64x96_tiles_only_at_tile_head_dim_192():
                        for c in cfg["sm90_bwd"]]
     served = [c for c in codegen.check_kernel_configs(cfg)["sm90_bwd"] if c["head_dim"] == 192]
     assert [c["kernel"] for c in served] == ["wgmma", "wgmma"]
+    # the mma.sync fallback (192 only: one head dim) keeps 64-key blocks under them
+    assert [(c["fallback"], c["fallback_block_n"]) for c in served] == [(True, 64), (False, 64)]
+    cfg["sm90_bwd"] = [bwd(128, bn=96) if c["head_dim"] == 128 else c for c in cfg["sm90_bwd"]]
+    with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 128: no kernel serves it: the WGMMA kernel: "
+                                                  r"at tile head dim 128 .*; the mma.sync kernels: block_n must be 64 "
+                                                  r"or 128, got 96"):
+        codegen.check_kernel_configs(cfg)
+    cfg = copy.deepcopy(CFG)
     cfg["sm90_bwd"] = [bwd(256, bn=96, st=1) if c["head_dim"] == 256 else c for c in cfg["sm90_bwd"]]
     with pytest.raises(codegen.ConfigError, match=r"sm90_bwd head_dim 256: no kernel serves it: the WGMMA kernel: "
                                                   r"at tile head dim 256 it takes 64 x 64 tiles and one stage"):
