@@ -50,6 +50,20 @@ __device__ __forceinline__ void for_col_pieces(F&& gemm) {
          (kHalfCol / 64) * kSubBytes + (kHalfCol % 64) * 2);
 }
 
+// Warpgroup kCw's kCols dQ columns (dq in the order of BwdWgmmaTraits::acc_col) to the dQ tile in
+// shared memory in the workspace's accumulator order (bwd::dq_tile_offset: 8-column group G of the
+// tile in 64-column part G / 8), moved by `sub0` parts; wq: the warp in the warpgroup.
+template <class Tr, int kCols, int kCw, int N>
+__device__ __forceinline__ void store_dq_split(const BwdSmem<Tr>& sm, const float (&dq)[N], int sub0, int wq, int lane) {
+  float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + sub0 * 4096 + wq * 8 * 128 + lane * 4;
+#pragma unroll
+  for (int j = 0; j < kCols / 8; ++j) {
+    const int group = Tr::acc_col(kCols, kCw, j) / 8;
+    *reinterpret_cast<float4*>(dst + (group / 8) * 4096 + (group % 8) * 128) =
+        make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+  }
+}
+
 template <typename T, int kHeadDim, int kHeadDimV, int kBlockM, int kBlockN, int kStages>
 __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
                                                      const BwdSmem<BwdWgmmaTraits<T, kHeadDim, kHeadDimV, kBlockM, kBlockN, kStages>>& sm,
@@ -88,9 +102,8 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
   const SmemDesc dsc_k_mn = smem_desc(sm.sK + sub0 * kBlockN * 128, kBlockN * 128, 1024);
   // Warpgroup kCw's columns (for_col_pieces), moved by sub0 (sub0v) sub-tiles: dV += P^T dO and dK += dS^T Q
   // (k16 step = 16 queries: 32 bytes along the rows of P^T / dS^T, 16 rows of dO / Q); dQ = dS K
-  // (k16 step = 16 keys: 16 rows of dS^T and K); the dQ part to shared memory in the workspace's
-  // accumulator order (bwd::dq_tile_offset: 8-column group G of the tile in 64-column part G / 8) for
-  // the writer warp.
+  // (k16 step = 16 keys: 16 rows of dS^T and K); the dQ part to shared memory for the writer warp
+  // (store_dq_split).
   auto dkdv_products = [&](auto cw_c, uint32_t qoff, uint32_t dooff) {
     constexpr int kCw = decltype(cw_c)::value;
 #pragma unroll
@@ -114,16 +127,6 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
         gmma_ss_mn<T, decltype(n)::value, decltype(off)::value>(
             dsc_ds.at(ks * 2048), dsc_k_mn.at(ks * 2048 + col), dq, ks > 0);
       });
-  };
-  auto store_dq = [&](auto cw_c, const auto& dq) {
-    constexpr int kCw = decltype(cw_c)::value;
-    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + sub0 * 4096 + wq * 8 * 128 + lane * 4;
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      const int group = Tr::acc_col(kCols, kCw, j) / 8;
-      *reinterpret_cast<float4*>(dst + (group / 8) * 4096 + (group % 8) * 128) =
-          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    }
   };
   using First = std::integral_constant<int, 0>;
   using Second = std::integral_constant<int, 1>;
@@ -213,9 +216,9 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     fence_regs(dq);
     ring.wait_dq_buffer(sm);
     if (kSameLayout || cw == 0)
-      store_dq(First{}, dq);
+      store_dq_split<Tr, kCols, 0>(sm, dq, sub0, wq, lane);
     else
-      store_dq(Second{}, dq);
+      store_dq_split<Tr, kCols, 1>(sm, dq, sub0, wq, lane);
     fence_proxy_async();  // read by the bulk reduction (async proxy)
     ring.hand_dq(sm, (ring.head_off + m0) * Tr::kTileDim, cw == 0 && wq == 0 && lane == 0);
   }

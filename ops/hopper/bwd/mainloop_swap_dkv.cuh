@@ -23,7 +23,7 @@
 
 #include "attn_args.h"  // BwdArgs
 #include "bwd/consumer_ring.cuh"
-#include "bwd/mainloop_split_d.cuh"  // for_col_pieces
+#include "bwd/mainloop_split_d.cuh"  // for_col_pieces, store_dq_split
 #include "bwd/trace.cuh"
 #include "bwd/traits.cuh"
 #include "sm90_primitives.cuh"
@@ -117,8 +117,7 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
   for (int i = 0; i < Tr::kDvRegs; ++i) dv[i] = 0.f;
 
   // dQ (64 queries x this warpgroup's kCols columns) = dS K over the 96 keys (k16 step: one 16-key
-  // block of dS, 16 rows of K), and its store to shared memory in the workspace's accumulator order
-  // (bwd::dq_tile_offset), as on the split-D path.
+  // block of dS, 16 rows of K), stored as on the split-D path (store_dq_split).
   auto dq_product = [&](auto cw_c, auto& dq) {
     constexpr int kCw = decltype(cw_c)::value;
 #pragma unroll
@@ -127,16 +126,6 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
         gmma_ss_kmn<T, decltype(n)::value, decltype(off)::value>(dsc_ds.at(ks * kChunk), dsc_k_mn.at(ks * 2048 + col),
                                                                  dq, ks > 0);
       });
-  };
-  auto store_dq = [&](auto cw_c, const auto& dq) {
-    constexpr int kCw = decltype(cw_c)::value;
-    float* dst = reinterpret_cast<float*>(sm.base + Tr::kOffdQ) + wq * 8 * 128 + lane * 4;
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      const int group = Tr::acc_col(kCols, kCw, j) / 8;
-      *reinterpret_cast<float4*>(dst + (group / 8) * 4096 + (group % 8) * 128) =
-          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
-    }
   };
   using First = std::integral_constant<int, 0>;
   using Second = std::integral_constant<int, 1>;
@@ -240,9 +229,9 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
     fence_regs(dq);
     ring.wait_dq_buffer(sm);
     if (cw == 0)
-      store_dq(First{}, dq);
+      store_dq_split<Tr, kCols, 0>(sm, dq, 0, wq, lane);
     else
-      store_dq(Second{}, dq);
+      store_dq_split<Tr, kCols, 1>(sm, dq, 0, wq, lane);
     fence_proxy_async();  // read by the bulk reduction (async proxy)
     ring.hand_dq(sm, (ring.head_off + m0) * Tr::kTileDim, cw == 0 && wq == 0 && lane == 0);
   }
