@@ -37,10 +37,20 @@ int launch_dq_tiled(const BwdArgs& args, cudaStream_t stream, char* err, size_t 
   return 0;
 }
 
+// The block summary of the mask at the key blocks of the kernel about to launch (block_n), into the
+// workspace's summary (sized for the finer of the config's two, workspace_layout): each launcher makes its own.
+int summarize(const BwdArgs& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
+  if (a.summary == nullptr) return 0;
+  return fm3_cuda_block_summary(a.sri, a.batch, a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, block_n,
+                                reinterpret_cast<int32_t*>(const_cast<fm3::BlockSummary*>(a.summary)), stream, err,
+                                err_len);
+}
+
 // The mma.sync column-parallel kernel, then dq = softmax_scale * dq_accum from its row-major
 // accumulator, or the row-parallel deterministic dQ pass.
 template <typename T, int D, int BM, int BN>
 int launch_mma_sync(const BwdArgs& args, bool deterministic, cudaStream_t stream, char* err, size_t err_len) {
+  if (summarize(args, BN, stream, err, err_len) != 0) return 1;
   using Tr = mma_sync::BwdMmaSyncTraits<T, D, BM, BN>;
   const int n_kblocks = (args.seqlen_k + BN - 1) / BN;
   auto col = deterministic ? mma_sync::flash_bwd_mma_sync_kernel<T, D, BM, BN, false>
@@ -104,6 +114,7 @@ int launch_wgmma(const BwdArgs& args, cudaStream_t stream, char* err, size_t err
       !make_tma_map<T>(&mdo, args.dout, args.head_dim_v, args.seqlen_q, args.num_heads, args.batch, args.o_rs,
                        args.o_hs, args.o_bs, BM))
     return -1;
+  if (summarize(args, BN, stream, err, err_len) != 0) return 1;
   constexpr int KD = TD >= 192 ? TD : (D > DV ? D : DV);
   constexpr int KDV = TD >= 192 ? (DV + 63) / 64 * 64 : KD;
   using Tr = sm90::BwdWgmmaTraits<T, KD, KDV, BM, BN, ST>;
@@ -141,15 +152,6 @@ int launch_fallback(const BwdArgs& args, bool deterministic, cudaStream_t stream
   }
 }
 
-// The block summary of the mask at the key blocks of the kernel about to run (block_n), into the
-// workspace's summary (sized for the finer of the config's two, workspace_layout).
-int summarize(const BwdArgs& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
-  if (a.summary == nullptr) return 0;
-  return fm3_cuda_block_summary(a.sri, a.batch, a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, block_n,
-                                reinterpret_cast<int32_t*>(const_cast<fm3::BlockSummary*>(a.summary)), stream, err,
-                                err_len);
-}
-
 // The kernels of config row I of kSm90BwdConfigs, instantiated with its values, when cfg is that row;
 // else the next row's.
 template <typename T, size_t I = 0>
@@ -171,13 +173,10 @@ int dispatch(const Sm90BwdConfig* cfg, const BwdArgs& args, bool deterministic, 
     FM3_CUDA_CHECK(cudaGetLastError());
     if (args.dlearnable_sink != nullptr && launch_sink_grad(args, lse, stream, err, err_len) != 0) return 1;
     if constexpr (c.wgmma) {
-      if (summarize(args, c.block_n, stream, err, err_len) != 0) return 1;
       const int rc = launch_wgmma<T, c.tile_dim, c.head_dim, c.head_dim_v, c.block_m, c.block_n, c.stages>(
           args, stream, err, err_len);
       if (rc >= 0) return rc;
     }
-    if (c.fallback_block_n != c.block_n || !c.wgmma)
-      if (summarize(args, c.fallback_block_n, stream, err, err_len) != 0) return 1;
     return launch_fallback<T, c.head_dim, c.fallback_block_n, c.fallback>(args, deterministic, stream, err, err_len);
   }
 }
