@@ -287,7 +287,8 @@ def gen_config_header(cfg: dict) -> str:
     """C++ constants and constexpr config tables of a config checked by check_kernel_configs."""
     cpu, fwd, bwd = cfg["cpu"], cfg["sm90"], cfg["sm90_bwd"]
     fwd_rows = [(_cpp_row([c["head_dim"], c["head_dim_v"], c["block_m"], c["block_n"], c["stages"],
-                           c["consumer_warpgroups"], c["intra_wg_overlap"], c["kernel"] == WGMMA, c["fallback"]]), c)
+                           c["consumer_warpgroups"], c["fallback_block_n"], c["intra_wg_overlap"], c["kernel"] == WGMMA,
+                           c["fallback"]]), c)
                 for c in fwd]
     bwd_rows = [(_cpp_row([c["head_dim"], c["head_dim_v"], c["tile_dim"], c["block_m"], c["block_n"], c["stages"],
                            c["fallback_block_n"], c["kernel"] == WGMMA, c["fallback"]]), c)
@@ -312,6 +313,7 @@ def gen_config_header(cfg: dict) -> str:
         "// cannot describe, FM3_FWD_KERNEL=mma_sync). kernel_rules.py says which kernel serves what.",
         "struct Sm90Config {",
         "  int head_dim, head_dim_v, block_m, block_n, stages, consumer_warpgroups;",
+        "  int fallback_block_n;  // the mma.sync kernel's key blocks (kernel_rules.serve_fwd)",
         "  bool intra_wg_overlap, wgmma, fallback;",
         "};",
         f"inline constexpr std::array<Sm90Config, {len(fwd_rows)}> kSm90Configs = {{{{",

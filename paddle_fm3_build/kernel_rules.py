@@ -64,8 +64,8 @@ def fwd_wgmma_error(c: dict) -> str | None:
     """Why the forward WGMMA kernel (FwdWgmmaTraits, fwd/traits.cuh) cannot serve config c, or None. (A tile
     past the 227 KiB of shared memory stops the build at FwdWgmmaTraits' static_assert.)"""
     bm, bn, st, wg = c["block_m"], c["block_n"], c["stages"], c["consumer_warpgroups"]
-    if bn not in (64, 128):  # both divide fm3::kBlockMaskSize (mask.h), as FwdWgmmaTraits asserts
-        return f"block_n must be 64 or 128, got {bn}"
+    if bn not in (64, 112, 128):
+        return f"block_n must be 64, 112 or 128, got {bn}"
     if not (1 <= wg <= 3 and bm == 64 * wg):
         return f"block_m ({bm}) must be 64 rows per consumer warpgroup (1 to 3 of them)"
     if not 2 <= st <= 16:
@@ -98,14 +98,20 @@ def fwd_mma_sync_error(c: dict) -> str | None:
 
 def serve_fwd(c: dict) -> dict:
     """c with ``kernel`` (the kernel that serves it), ``fallback`` (whether the mma.sync kernel is
-    built for it too) and its padded tile head dims; ConfigError when neither kernel serves it."""
+    built for it too), ``fallback_block_n`` (the mma.sync kernel's key blocks: block_n, or 64 under the
+    WGMMA kernel's 112-key blocks, which its 16-byte chunks do not divide among its threads; the block
+    summary is made for the kernel that runs) and its padded tile head dims; ConfigError when neither
+    kernel serves it."""
     where = f"sm90 head_dim {dims_name(c['head_dim'], c['head_dim_v'])}"
     if (e := head_dims_error(where, c["head_dim"], c["head_dim_v"])) is not None:
         raise ConfigError(e)
-    wgmma_e, mma_e = fwd_wgmma_error(c), fwd_mma_sync_error(c)
+    wgmma_e = fwd_wgmma_error(c)
+    fallback_block_n = 64 if wgmma_e is None and c["block_n"] % 64 else c["block_n"]
+    mma_e = fwd_mma_sync_error({**c, "block_n": fallback_block_n})
     if wgmma_e is not None and mma_e is not None:
         raise ConfigError(f"{where}: no kernel serves it: the WGMMA kernel: {wgmma_e}; the mma.sync kernel: {mma_e}")
     return {**c, "kernel": WGMMA if wgmma_e is None else MMA_SYNC, "fallback": mma_e is None,
+            "fallback_block_n": fallback_block_n,
             "tile_dim": round64(c["head_dim"]), "tile_dim_v": round64(c["head_dim_v"])}
 
 

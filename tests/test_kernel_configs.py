@@ -8,7 +8,7 @@ import pathlib
 import pytest
 import yaml
 
-from paddle_fm3_build import codegen  # (from the checkout: conftest.py)
+from paddle_fm3_build import codegen, kernel_rules  # (from the checkout: conftest.py)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -48,9 +48,11 @@ def test_shipped_configs_state_their_kernel():
     assert [(c["tile_dim"], c["tile_dim_v"]) for c in cfg["sm90"]] == [
         (64, 64), (128, 128), (128, 128), (128, 128), (192, 192), (192, 128), (256, 256)]
     header = codegen.gen_config_header(cfg)
-    assert "{64, 64, 192, 128, 3, 3, false, true, true}," in header
-    assert "{128, 128, 128, 128, 2, 2, true, true, true}," in header
-    assert "{96, 96, 128, 128, 2, 2, true, true, false},  // head_dim 96: wgmma\n" in header  # WGMMA only
+    assert "{64, 64, 192, 128, 3, 3, 128, false, true, true}," in header
+    assert "{128, 128, 128, 128, 2, 2, 128, true, true, true}," in header
+    assert "{96, 96, 128, 128, 2, 2, 128, true, true, false},  // head_dim 96: wgmma\n" in header  # WGMMA only
+    # the forward at 192: FlashAttention-4's 128 x 112 tiles; the mma.sync kernel on 64 keys
+    assert "{192, 192, 128, 112, 2, 2, 64, true, true, true}," in header
     # the backward at 192 and 192/128: tile head dim 192, 64 x 96, two stages; the mma.sync kernels (192 only) on 64 keys
     assert "{192, 192, 192, 64, 96, 2, 64, true, true}," in header
     assert "{192, 128, 192, 64, 96, 2, 64, true, false}," in header
@@ -103,6 +105,17 @@ def test_backward_64x96_tiles_only_at_tile_head_dim_192():
         codegen.check_kernel_configs(cfg)
 
 
+def test_forward_112_key_blocks_keep_the_mma_sync_kernel_on_64():
+    """Under the forward's 112-key blocks (FlashAttention-4's at 192) the mma.sync kernel keeps 64-key blocks,
+    where it serves the head dim; it cannot take 112 itself."""
+    cfg = copy.deepcopy(CFG)
+    cfg["sm90"] = [fwd(128, bn=112, overlap=True) if c["head_dim"] == 128 else c for c in cfg["sm90"]]
+    served = [c for c in codegen.check_kernel_configs(cfg)["sm90"] if c["head_dim"] in (128, 192)]
+    assert [(c["head_dim"], c["block_n"], c["kernel"], c["fallback"], c["fallback_block_n"]) for c in served] == [
+        (128, 112, "wgmma", True, 64), (192, 112, "wgmma", True, 64), (192, 128, "wgmma", False, 128)]
+    assert kernel_rules.fwd_mma_sync_error({**fwd(192, bn=112), "head_dim_v": 192}) is not None  # 112 keys: no
+
+
 def test_installed_config_is_the_generated_one():
     from paddle_fm3 import _config
     cfg = codegen.check_kernel_configs(copy.deepcopy(CFG))
@@ -153,7 +166,7 @@ def test_every_forward_head_dim_needs_a_backward():
 @pytest.mark.parametrize("cfg, match", [
     (with_head_dim(fwd(256, bn=128), bwd(256 + 0, bn=64)), "sm90 head_dim 256 is listed twice"),
     (with_head_dim(fwd(160, bn=256), bwd(160)), r"sm90 head_dim 160: no kernel serves it: the WGMMA kernel: block_n "
-                                                r"must be 64 or 128, got 256; the mma.sync kernel: its XOR swizzle"),
+                                                r"must be 64, 112 or 128, got 256; the mma.sync kernel: its XOR swizzle"),
     (with_head_dim(fwd(160, bm=64, wg=2), bwd(160)), r"sm90 head_dim 160: no kernel serves it: the WGMMA kernel: "
                                                      r"block_m \(64\) must be 64 rows per consumer warpgroup"),
     (with_head_dim(fwd(160, st=1), bwd(160)), r"sm90 head_dim 160: no kernel serves it: the WGMMA kernel: stages "

@@ -112,6 +112,15 @@ int launch_fallback(const FwdArgs& args, cudaStream_t stream, char* err, size_t 
   }
 }
 
+// The block summary of the mask at the key blocks of the kernel about to run (block_n), into the
+// workspace's summary (sized for the finer of the config's two, fm3_cuda_fwd).
+int summarize(const FwdArgs& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
+  if (a.summary == nullptr) return 0;
+  const cudaError_t e = launch_block_summary(a.sri, a.batch * a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols,
+                                             a.causal, block_n, const_cast<fm3::BlockSummary*>(a.summary), stream);
+  return e == cudaSuccess ? 0 : fail(err, err_len, "block summary launch: %s", cudaGetErrorString(e));
+}
+
 // The kernels of config row I of kSm90Configs, instantiated with its values, when cfg is that row;
 // else the next row's.
 template <typename T, size_t I = 0>
@@ -123,11 +132,14 @@ int dispatch(const Sm90Config* cfg, const FwdArgs& args, cudaStream_t stream, ch
     constexpr Sm90Config c = kSm90Configs[I];
     static_assert(c.block_m == 16 * 4 * c.consumer_warpgroups, "block_m must be 64 rows per consumer warpgroup");
     if constexpr (c.wgmma && !FM3_NO_WGMMA) {
+      if (summarize(args, c.block_n, stream, err, err_len) != 0) return 1;
       const int rc = launch_wgmma<T, c.head_dim, c.head_dim_v, c.block_m, c.block_n, c.stages, c.intra_wg_overlap>(
           args, stream, err, err_len);
       if (rc >= 0) return rc;
     }
-    return launch_fallback<T, c.head_dim, c.block_m, c.block_n, c.fallback>(args, stream, err, err_len);
+    if (c.fallback_block_n != c.block_n || !c.wgmma || FM3_NO_WGMMA)
+      if (summarize(args, c.fallback_block_n, stream, err, err_len) != 0) return 1;
+    return launch_fallback<T, c.head_dim, c.block_m, c.fallback_block_n, c.fallback>(args, stream, err, err_len);
   }
 }
 
@@ -161,7 +173,8 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
   const fm3::Sm90Config* cfg = find_config(fm3::kSm90Configs, p->head_dim, p->head_dim_v);
   if (check_attn_params(p, cfg != nullptr, err, err_len) != 0) return 1;
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-  const int block_n = cfg->block_n;
+  // the summary at the finer of the two kernels' key blocks (dispatch computes the one that runs)
+  const int block_n = cfg->block_n < cfg->fallback_block_n ? cfg->block_n : cfg->fallback_block_n;
   const int n_blocks = (p->seqlen_k + block_n - 1) / block_n;
   FwdArgs a{};
   fill_attn_args(a, p);
@@ -175,17 +188,7 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
   char* ws = nullptr;
   FM3_CUDA_CHECK(workspace_alloc(reinterpret_cast<void**>(&ws), 256 + summary_bytes, stream));
   a.tile_counter = reinterpret_cast<int*>(ws);
-  a.summary = nullptr;
-  if (p->startend_row_indices != nullptr) {
-    fm3::BlockSummary* summary = reinterpret_cast<fm3::BlockSummary*>(ws + 256);
-    cudaError_t e = launch_block_summary(p->startend_row_indices, p->batch * a.mask_heads, p->seqlen_q,
-                                         p->seqlen_k, p->mask_cols, a.causal, block_n, summary, stream);
-    if (e != cudaSuccess) {
-      workspace_free(ws, stream);
-      return fail(err, err_len, "block summary launch: %s", cudaGetErrorString(e));
-    }
-    a.summary = summary;
-  }
+  a.summary = p->startend_row_indices != nullptr ? reinterpret_cast<fm3::BlockSummary*>(ws + 256) : nullptr;
   int rc = p->dtype == FM3_BFLOAT16 ? dispatch<__nv_bfloat16>(cfg, a, stream, err, err_len)
                                     : dispatch<__half>(cfg, a, stream, err, err_len);
   cudaError_t e = workspace_free(ws, stream);

@@ -30,13 +30,13 @@ struct FwdWgmmaTraits {
   static constexpr int kConsumerRegs = kConsumerWGs == 3 ? 160 : 232;
   static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0 && kDimQK <= 256 && kDimV <= 256,
                 "head dims: multiples of 16 up to 256 (the m64nNk16 products)");
-  static_assert(kBlockN == 64 || kBlockN == 128, "WGMMA path: block_n 64 or 128");
+  static_assert(kBlockN == 64 || kBlockN == 112 || kBlockN == 128, "WGMMA path: block_n 64, 112 or 128");
   static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 3, "64 rows per consumer warpgroup");
   static_assert(kStages >= 2, "at least two stages");
-  // A block lies inside one block_mask column block and a 32-row visibility word inside one row block
-  // (tiles start at multiples of 64 rows): the producer folds block_mask into the words
-  // (TileMask::block_mask_bits), so a tile may span row blocks.
-  static_assert(kBlockMaskSize % kBlockN == 0 && kBlockMaskSize % 32 == 0, "block_mask blocks vs tiles");
+  // A 32-row visibility word lies inside one block_mask row block (tiles start at multiples of 64
+  // rows): the producer folds block_mask into the words per key column (TileMask::block_mask_bits), so
+  // a tile may span row blocks and a 112-key block column blocks (the scheduler makes it partial).
+  static_assert(kBlockMaskSize % 32 == 0, "block_mask blocks vs tiles");
   static_assert(kBlockN <= kProducerThreads, "one producer thread per key column");
   // setmaxnreg.inc blocks until the registers are free: the per-role budgets must fit in what the CTA
   // got at launch (the __launch_bounds__(kThreads, 1) cap, 65536 / kThreads rounded down to 8, per thread).
