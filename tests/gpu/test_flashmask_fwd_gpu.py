@@ -168,9 +168,9 @@ def test_host_mask_and_strided_qkv():
     assert err < 1e-2
 
 
-# out with strides of its own (head dims 64-192: the staged epilogue, shared memory + TMA store;
-# 256: the direct one), poisoned.
-@pytest.mark.parametrize("d", [(128, 128), (64, 64), (192, 128), (256, 256)], ids=dims_id)
+# out with strides of its own (head dims 64, 128, 192/128: the staged epilogue, shared memory + TMA
+# store; 192 and 256, one Q buffer: the direct one), poisoned.
+@pytest.mark.parametrize("d", [(128, 128), (64, 64), (192, 128), (192, 192), (256, 256)], ids=dims_id)
 @pytest.mark.parametrize("layout", ["every_other_head", "wide_rows"])
 def test_out_layouts(d, layout):
     from paddle_fm3 import kernels, reference
@@ -229,9 +229,10 @@ def test_mma_sync_fallback(d, dtype, monkeypatch):
 
 # The persistent kernel with 3 CTAs: each takes many tiles from the counter, across (batch, head)
 # boundaries, so the tile boundaries in the ring, the double-buffered Q and the per-tile epilogue
-# all run many times per CTA (head dim 256: one Q buffer, reloaded between tiles).
-@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (256, "bf16"), (96, "fp16"), ((192, 128), "bf16")],
-                         ids=["d128", "d64", "d256", "d96", "d192v128"])
+# all run many times per CTA (head dims 192 and 256: one Q buffer, reloaded between tiles; 192 on 112-key blocks).
+@pytest.mark.parametrize("d,dtype", [(128, "bf16"), (64, "fp16"), (256, "bf16"), (96, "fp16"), ((192, 128), "bf16"),
+                                     (192, "fp16")],
+                         ids=["d128", "d64", "d256", "d96", "d192v128", "d192"])
 def test_persistent_many_tiles_per_cta(d, dtype, monkeypatch):
     monkeypatch.setenv("FM3_FWD_GRID", "3")
     for i, family in enumerate(FAMILIES):
