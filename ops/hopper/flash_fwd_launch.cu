@@ -27,8 +27,18 @@
 namespace fm3::hopper {
 namespace {
 
+// The block summary of the mask at the key blocks of the kernel about to launch (block_n), into the
+// workspace's summary (sized for the finer of the config's two, fm3_cuda_fwd): each launcher makes its own.
+int summarize(const FwdArgs& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
+  if (a.summary == nullptr) return 0;
+  const cudaError_t e = launch_block_summary(a.sri, a.batch * a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols,
+                                             a.causal, block_n, const_cast<fm3::BlockSummary*>(a.summary), stream);
+  return e == cudaSuccess ? 0 : fail(err, err_len, "block summary launch: %s", cudaGetErrorString(e));
+}
+
 template <typename T, int D, int BM, int BN>
 int launch_mma_sync(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
+  if (summarize(args, BN, stream, err, err_len) != 0) return 1;
   using Tr = mma_sync::FwdMmaSyncTraits<T, D, BM, BN>;
   auto kernel = mma_sync::flash_fwd_mma_sync_kernel<T, D, BM, BN>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -76,6 +86,7 @@ int launch_wgmma(const FwdArgs& args, cudaStream_t stream, char* err, size_t err
   if (force_mma_sync()) return -1;
   CUtensorMap mq, mk, mv;
   if (!make_qkv_maps<T>(args, BM, BN, &mq, &mk, &mv)) return -1;
+  if (summarize(args, BN, stream, err, err_len) != 0) return 1;
   using Tr = sm90::FwdWgmmaTraits<T, D, DV, BM, BN, ST, OV>;
   auto kernel = sm90::flash_fwd_wgmma_kernel<T, D, DV, BM, BN, ST, OV>;
   FM3_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -112,15 +123,6 @@ int launch_fallback(const FwdArgs& args, cudaStream_t stream, char* err, size_t 
   }
 }
 
-// The block summary of the mask at the key blocks of the kernel about to run (block_n), into the
-// workspace's summary (sized for the finer of the config's two, fm3_cuda_fwd).
-int summarize(const FwdArgs& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
-  if (a.summary == nullptr) return 0;
-  const cudaError_t e = launch_block_summary(a.sri, a.batch * a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols,
-                                             a.causal, block_n, const_cast<fm3::BlockSummary*>(a.summary), stream);
-  return e == cudaSuccess ? 0 : fail(err, err_len, "block summary launch: %s", cudaGetErrorString(e));
-}
-
 // The kernels of config row I of kSm90Configs, instantiated with its values, when cfg is that row;
 // else the next row's.
 template <typename T, size_t I = 0>
@@ -132,13 +134,10 @@ int dispatch(const Sm90Config* cfg, const FwdArgs& args, cudaStream_t stream, ch
     constexpr Sm90Config c = kSm90Configs[I];
     static_assert(c.block_m == 16 * 4 * c.consumer_warpgroups, "block_m must be 64 rows per consumer warpgroup");
     if constexpr (c.wgmma && !FM3_NO_WGMMA) {
-      if (summarize(args, c.block_n, stream, err, err_len) != 0) return 1;
       const int rc = launch_wgmma<T, c.head_dim, c.head_dim_v, c.block_m, c.block_n, c.stages, c.intra_wg_overlap>(
           args, stream, err, err_len);
       if (rc >= 0) return rc;
     }
-    if (c.fallback_block_n != c.block_n || !c.wgmma || FM3_NO_WGMMA)
-      if (summarize(args, c.fallback_block_n, stream, err, err_len) != 0) return 1;
     return launch_fallback<T, c.head_dim, c.block_m, c.fallback_block_n, c.fallback>(args, stream, err, err_len);
   }
 }
