@@ -199,17 +199,18 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
         *reinterpret_cast<uint32_t*>(ds_dst + off) = Mma<T>::pack(dp[4 * j + 2 * r], dp[4 * j + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(ds_dst + kPtOff + off) = Mma<T>::pack(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
       }
-    fence_proxy_async();                             // the stores above are read by WGMMA (async proxy)
-    named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both warpgroups' keys written
+    fence_proxy_async();              // the stores above are read by WGMMA (async proxy)
+    named_barrier_sync(4 + cw, 128);  // this warpgroup's keys written: all dV^T and dK^T read
 
     // dV^T += dO^T P and dK^T += Q^T dS (k16 step: 16 queries, 16 rows of dO / Q and of P / dS),
-    // then dQ.
+    // then, once the other warpgroup's dS is written too, dQ.
     gmma_fence();
     gmma_mn_atoms<T, kKeys, kHeadDimV / 64, kBlockM / 16>(dsc_do_mn, dooff, kBlockM * 128, 2048, dsc_ds_mn, kPtOff,
                                                           512, dv);
     gmma_commit();
     gmma_mn_atoms<T, kKeys, kHeadDim / 64, kBlockM / 16>(dsc_q_mn, qoff, kBlockM * 128, 2048, dsc_ds_mn, 0, 512, dk);
     gmma_commit();
+    named_barrier_sync(6, 128 * Tr::kConsumerWGs);  // both warpgroups' dS written
     float dq[kCols / 2];
     if (cw == 0)
       dq_product(First{}, dq);
