@@ -49,8 +49,8 @@ struct FwdWgmmaTraits {
   static constexpr int kVBytes = kBlockN * kDimV * 2;
   static constexpr int kOffQ = 0;
   // Q double-buffered (the next tile's Q loads during this tile) where shared memory allows; at head
-  // dims 256 and 192 on 112-key blocks a second buffer does not fit beside the K/V ring, so Q loads
-  // between tiles.
+  // dims 192, 192/128 and 256 a second buffer does not fit beside the K/V ring, so Q loads between
+  // tiles.
   static constexpr int kQBuffers = 2 * kQBytes + kStages * (kKBytes + kVBytes) + 8192 <= kSm90SmemLimit ? 2 : 1;
   // O is staged in the finished tile's Q buffer for its TMA store where the next tile's Q has the
   // other one (fwd/epilogue.cuh).
