@@ -107,7 +107,8 @@ def test_backward_64x96_tiles_only_at_tile_head_dim_192():
 
 def test_forward_112_key_blocks_keep_the_mma_sync_kernel_on_64():
     """Under the forward's 112-key blocks (FlashAttention-4's at 192) the mma.sync kernel keeps 64-key blocks,
-    where it serves the head dim; it cannot take 112 itself."""
+    where it serves the head dim (the rule: a block_n that is not a multiple of 64 falls back to 64; at 192
+    it could not take 112 itself)."""
     cfg = copy.deepcopy(CFG)
     cfg["sm90"] = [fwd(128, bn=112, overlap=True) if c["head_dim"] == 128 else c for c in cfg["sm90"]]
     served = [c for c in codegen.check_kernel_configs(cfg)["sm90"] if c["head_dim"] in (128, 192)]

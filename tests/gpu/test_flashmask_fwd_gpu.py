@@ -168,8 +168,8 @@ def test_host_mask_and_strided_qkv():
     assert err < 1e-2
 
 
-# out with strides of its own (head dims 64, 128, 192/128: the staged epilogue, shared memory + TMA
-# store; 192 and 256, one Q buffer: the direct one), poisoned.
+# out with strides of its own (head dims 64, 128: the staged epilogue, shared memory + TMA store;
+# 192, 192/128 and 256, one Q buffer: the direct one), poisoned.
 @pytest.mark.parametrize("d", [(128, 128), (64, 64), (192, 128), (192, 192), (256, 256)], ids=dims_id)
 @pytest.mark.parametrize("layout", ["every_other_head", "wide_rows"])
 def test_out_layouts(d, layout):

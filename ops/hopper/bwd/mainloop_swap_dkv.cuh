@@ -6,8 +6,8 @@
 //                                            P is computed while dP is in flight)
 //   P = exp2(S * scale * log2e - lse2), dS = P (dP - delta), masked per element on partial tiles by
 //     the producer's visibility bits (bwd/producer.cuh)
-//   dS, P to shared memory [queries][keys] in 32-byte-swizzled blocks of 16 keys (both warpgroups'
-//     behind a named barrier): the K-major A of dQ and the MN-major B of dK^T, dV^T
+//   dS, P to shared memory [queries][keys] in 32-byte-swizzled blocks of 16 keys: the MN-major B of
+//     dK^T, dV^T (after the warpgroup's own named barrier) and the K-major A of dQ (after both's)
 //   dV^T += dO^T P, dK^T += Q^T dS          the head dim on WGMMA's M (D_v / 64 and D / 64 atoms),
 //                                            N = 48 keys, K = 64 queries (A = dO / Q, MN-major)
 //   dQ = dS K                               64 queries x 96 columns, K = 96 keys, handed to the dQ
