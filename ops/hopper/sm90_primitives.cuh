@@ -171,6 +171,21 @@ __device__ __forceinline__ SmemDesc smem_desc(uint32_t smem_addr, uint32_t lbo_b
   return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
 }
 
+// The cursor of a kStages-deep ring of mbarrier pairs (the forward's K and V rings, the backward's Q / dO
+// ring and its own dO ring): both sides walk the stages in order and the phase bit flips at each wrap;
+// the producer waits on a stage's "empty" mbarrier with phase ^ 1, the consumers on its "full" one with
+// phase.
+template <int kStages>
+struct RingCursor {
+  int stage = 0, phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
 namespace G = cute::SM90::GMMA;
 
 template <typename T, int N>

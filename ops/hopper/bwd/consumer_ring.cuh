@@ -14,7 +14,7 @@ namespace fm3::hopper::sm90 {
 
 template <class Tr>
 struct BwdConsumerRing {
-  int stage = 0, phase = 0;
+  RingCursor<Tr::kNumStages> q;  // the Q / dO / lse2 / delta ring
   int cur_h = -1, cur_hm = -1, hm = 0;
   int64_t head_off = 0;  // (b * num_heads + h) * lse_stride: the tile's head in lse2 / delta / the dQ workspace
   ColumnBounds cb[2];    // this thread's two key columns' row intervals (partial tiles)
@@ -25,10 +25,10 @@ struct BwdConsumerRing {
   // columns key and key + 8.
   __device__ __forceinline__ bool next(const bwd::BwdArgs& a, const BwdSmem<Tr>& sm, const BwdBlock& blk, int key,
                                        int& m0, bool& partial) {
-    mbar_wait(sm.bar_full + 8 * stage, phase);
-    const int entry = sm.entry[stage];
+    mbar_wait(sm.bar_full + 8 * q.stage, q.phase);
+    const int entry = sm.entry[q.stage];
     if (entry < 0) return false;
-    const int h = sm.head[stage];
+    const int h = sm.head[q.stage];
     m0 = BlockEntry::block(entry) * Tr::kTileM;
     partial = BlockEntry::partial(entry);
     if (h != cur_h) {
@@ -48,26 +48,20 @@ struct BwdConsumerRing {
     return true;
   }
   // Tr::kOwnDoRing: the tile's dO stage, waited for apart from Q and handed back on its own.
-  int do_stage = 0, do_phase = 0;
+  RingCursor<Tr::kStagesdO> dO;
   __device__ __forceinline__ void wait_do(const BwdSmem<Tr>& sm) const {
-    if constexpr (Tr::kOwnDoRing) mbar_wait(sm.bar_do_full + 8 * do_stage, do_phase);
+    if constexpr (Tr::kOwnDoRing) mbar_wait(sm.bar_do_full + 8 * dO.stage, dO.phase);
   }
   __device__ __forceinline__ void release_do(const BwdSmem<Tr>& sm) {
     if constexpr (Tr::kOwnDoRing) {
-      mbar_arrive(sm.bar_do_empty + 8 * do_stage);
-      if (++do_stage == Tr::kStagesdO) {
-        do_stage = 0;
-        do_phase ^= 1;
-      }
+      mbar_arrive(sm.bar_do_empty + 8 * dO.stage);
+      dO.advance();
     }
   }
   // This thread is done with the stage's Q, dO (without kOwnDoRing), lse2 and delta.
   __device__ __forceinline__ void release(const BwdSmem<Tr>& sm) {
-    mbar_arrive(sm.bar_empty + 8 * stage);
-    if (++stage == Tr::kNumStages) {
-      stage = 0;
-      phase ^= 1;
-    }
+    mbar_arrive(sm.bar_empty + 8 * q.stage);
+    q.advance();
   }
   // The dQ buffer: wait until the writer has read the previous tile's; after this thread's stores,
   // hand the tile at workspace offset `off` (-1: the end of the stream) to the writer. Tile k goes

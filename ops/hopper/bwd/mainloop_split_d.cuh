@@ -139,7 +139,7 @@ __device__ __forceinline__ void bwd_consumer_split_d(const bwd::BwdArgs& a,
     bool partial;
     if (!ring.next(a, sm, blk, key_local, m0, partial)) break;
     bwd_trace(kTraceFirstTile, tracer && ring.dq_count == 0);
-    const int stage = ring.stage;
+    const int stage = ring.q.stage;
     const ColumnBounds* cb = ring.cb;
     const uint32_t qoff = stage * Tr::kQBytes, dooff = stage * Tr::kdOBytes;
 

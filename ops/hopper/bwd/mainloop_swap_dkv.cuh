@@ -138,8 +138,8 @@ __device__ __forceinline__ void bwd_consumer_swap_dkv(
     bool partial;
     if (!ring.next(a, sm, blk, 0, m0, partial)) break;
     bwd_trace(kTraceFirstTile, tracer && ring.dq_count == 0);
-    const int stage = ring.stage;
-    const uint32_t qoff = stage * Tr::kQBytes, dooff = (Tr::kOwnDoRing ? ring.do_stage : stage) * Tr::kdOBytes;
+    const int stage = ring.q.stage;
+    const uint32_t qoff = stage * Tr::kQBytes, dooff = (Tr::kOwnDoRing ? ring.dO.stage : stage) * Tr::kdOBytes;
     const float* lse_t = sm.lse + stage * kBlockM;
     const float* delta_t = sm.delta + stage * kBlockM;
     const float lse2[2] = {lse_t[q_local], lse_t[q_local + 8]};

@@ -41,8 +41,8 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
       if (c < Tr::kDChunksV) tma_load_4d(sm.sV + c * kBlockN * 128, tmap_v, sm.bar_kv, c * 64, n0, hk, b);
     }
   }
-  int stage = 0, phase = 0;
-  int do_stage = 0, do_phase = 0;  // Tr::kOwnDoRing
+  RingCursor<kStages> ring;                // the Q / dO / lse2 / delta ring
+  RingCursor<Tr::kStagesdO> do_ring;       // Tr::kOwnDoRing
   bool first_load = true;  // bwd/trace.cuh
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
     const int64_t bhm = static_cast<int64_t>(b) * a.mask_heads + bwd::mask_head(a, h);
@@ -69,11 +69,11 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
           // the tile's rows (32 per word; block_mask too, as a 96-key block may straddle two of its
           // blocks), then its arrival (lane 0's below, with the transaction bytes).
           const int entry = sm.list[i];
-          mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
+          mbar_wait(sm.bar_empty + 8 * ring.stage, ring.phase ^ 1);
           if (BlockEntry::partial(entry)) {
             const int m0 = BlockEntry::block(entry) * kBlockM;
             const int32_t* sri = a.sri ? a.sri + bhm * a.seqlen_k * a.mask_cols : nullptr;
-            uint32_t* dst = sm.mask + stage * Tr::kMaskStageInts;
+            uint32_t* dst = sm.mask + ring.stage * Tr::kMaskStageInts;
 #pragma unroll
             for (int kc = lane; kc < kBlockN; kc += 32) {
               const int col = n0 + kc;
@@ -87,12 +87,13 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
               }
             }
           }
-          if (lane != 0) mbar_arrive(sm.bar_full + 8 * stage);
+          if (lane != 0) mbar_arrive(sm.bar_full + 8 * ring.stage);
         }
         if (lane == 0) {
           const int entry = sm.list[i];
           const int m0 = BlockEntry::block(entry) * kBlockM;
-          if constexpr (!Tr::kSwapDkv) mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
+          if constexpr (!Tr::kSwapDkv) mbar_wait(sm.bar_empty + 8 * ring.stage, ring.phase ^ 1);
+          const int stage = ring.stage;
           sm.entry[stage] = entry;
           sm.head[stage] = h;
           const uint32_t full = sm.bar_full + 8 * stage;
@@ -106,24 +107,18 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
           bulk_load_1d(sm.sLse + stage * kBlockM * 4, lse2 + m0, kBlockM * 4, full);
           bulk_load_1d(sm.sDelta + stage * kBlockM * 4, delta + m0, kBlockM * 4, full);
           if constexpr (Tr::kOwnDoRing) {  // dO on its own ring, after Q (S does not wait for it)
-            mbar_wait(sm.bar_do_empty + 8 * do_stage, do_phase ^ 1);
-            const uint32_t do_full = sm.bar_do_full + 8 * do_stage;
+            mbar_wait(sm.bar_do_empty + 8 * do_ring.stage, do_ring.phase ^ 1);
+            const uint32_t do_full = sm.bar_do_full + 8 * do_ring.stage;
             mbar_arrive_expect_tx(do_full, Tr::kdOBytes);
 #pragma unroll
             for (int c = 0; c < Tr::kDChunksV; ++c)
-              tma_load_4d(sm.sdO + do_stage * Tr::kdOBytes + c * kBlockM * 128, tmap_do, do_full, c * 64, m0, h, b);
-            if (++do_stage == Tr::kStagesdO) {
-              do_stage = 0;
-              do_phase ^= 1;
-            }
+              tma_load_4d(sm.sdO + do_ring.stage * Tr::kdOBytes + c * kBlockM * 128, tmap_do, do_full, c * 64, m0, h, b);
+            do_ring.advance();
           }
           bwd_trace(kTraceFirstLoad, first_load);
           first_load = false;
         }
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+        ring.advance();
       }
       __syncwarp();
     }
@@ -131,13 +126,10 @@ __device__ __forceinline__ void bwd_producer(const bwd::BwdArgs& a,
   if (lane == 0) {  // end of stream, once for each deterministic writer reading the ring
     const int ends = Tr::dq_writers(a.dq_semaphore != nullptr);
     for (int e = 0; e < ends; ++e) {
-      mbar_wait(sm.bar_empty + 8 * stage, phase ^ 1);
-      sm.entry[stage] = -1;
-      mbar_arrive(sm.bar_full + 8 * stage, Tr::kSwapDkv ? 32 : 1);
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
+      mbar_wait(sm.bar_empty + 8 * ring.stage, ring.phase ^ 1);
+      sm.entry[ring.stage] = -1;
+      mbar_arrive(sm.bar_full + 8 * ring.stage, Tr::kSwapDkv ? 32 : 1);
+      ring.advance();
     }
   }
 }

@@ -107,19 +107,4 @@ struct FwdSmem {
   }
 };
 
-// The cursor of a kStages-deep ring (the K ring with its entries, or the V ring): both roles walk the
-// stages in order and the phase bit
-// flips at each wrap; the producer waits on a stage's "empty" mbarrier with phase ^ 1, the
-// consumers on its "full" mbarrier with phase.
-template <int kStages>
-struct RingCursor {
-  int stage = 0, phase = 0;
-  __device__ __forceinline__ void advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
-
 }  // namespace fm3::hopper::sm90
