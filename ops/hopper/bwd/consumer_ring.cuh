@@ -1,6 +1,6 @@
 // Backward WGMMA kernel (bwd/kernel.cuh): the consumers' side of the Q / dO ring and of the dQ
-// hand-off to the writer warp, shared by both consumer loops (bwd/mainloop.cuh and, at head dim
-// 256, bwd/mainloop_split_d.cuh).
+// hand-off to the writer warp, shared by the consumer loops (bwd/mainloop.cuh, bwd/mainloop_split_d.cuh
+// at head dim 256, bwd/mainloop_swap_dkv.cuh at 192 and 192/128).
 #pragma once
 #include <stdint.h>
 
