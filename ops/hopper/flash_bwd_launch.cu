@@ -37,15 +37,6 @@ int launch_dq_tiled(const BwdArgs& args, cudaStream_t stream, char* err, size_t 
   return 0;
 }
 
-// The block summary of the mask at the key blocks of the kernel about to launch (block_n), into the
-// workspace's summary (sized for the finer of the config's two, workspace_layout): each launcher makes its own.
-int summarize(const BwdArgs& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
-  if (a.summary == nullptr) return 0;
-  return fm3_cuda_block_summary(a.sri, a.batch, a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, block_n,
-                                reinterpret_cast<int32_t*>(const_cast<fm3::BlockSummary*>(a.summary)), stream, err,
-                                err_len);
-}
-
 // The mma.sync column-parallel kernel, then dq = softmax_scale * dq_accum from its row-major
 // accumulator, or the row-parallel deterministic dQ pass.
 template <typename T, int D, int BM, int BN>
@@ -207,8 +198,7 @@ WorkspaceLayout workspace_layout(const fm3_bwd_params* bp, const Sm90BwdConfig* 
   const fm3_fwd_params* p = &bp->fwd;
   const int lse_stride = (p->seqlen_q + kLsePad - 1) / kLsePad * kLsePad;
   const size_t rows = static_cast<size_t>(p->batch) * p->num_heads * lse_stride;
-  // the summary at the finer of the two kernels' key blocks (dispatch computes the one that runs)
-  const int block_n = cfg != nullptr ? (cfg->block_n < cfg->fallback_block_n ? cfg->block_n : cfg->fallback_block_n) : 0;
+  const int block_n = cfg != nullptr ? summary_block_n(*cfg) : 0;
   const size_t n_kblocks = block_n > 0 ? (p->seqlen_k + block_n - 1) / block_n : 0;
   const bool det = bp->deterministic != 0;
   AttnArgs a{};

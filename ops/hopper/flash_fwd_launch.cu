@@ -27,15 +27,6 @@
 namespace fm3::hopper {
 namespace {
 
-// The block summary of the mask at the key blocks of the kernel about to launch (block_n), into the
-// workspace's summary (sized for the finer of the config's two, fm3_cuda_fwd): each launcher makes its own.
-int summarize(const FwdArgs& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
-  if (a.summary == nullptr) return 0;
-  const cudaError_t e = launch_block_summary(a.sri, a.batch * a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols,
-                                             a.causal, block_n, const_cast<fm3::BlockSummary*>(a.summary), stream);
-  return e == cudaSuccess ? 0 : fail(err, err_len, "block summary launch: %s", cudaGetErrorString(e));
-}
-
 template <typename T, int D, int BM, int BN>
 int launch_mma_sync(const FwdArgs& args, cudaStream_t stream, char* err, size_t err_len) {
   if (summarize(args, BN, stream, err, err_len) != 0) return 1;
@@ -172,8 +163,7 @@ extern "C" int fm3_cuda_fwd(const fm3_fwd_params* p, char* err, size_t err_len) 
   const fm3::Sm90Config* cfg = find_config(fm3::kSm90Configs, p->head_dim, p->head_dim_v);
   if (check_attn_params(p, cfg != nullptr, err, err_len) != 0) return 1;
   cudaStream_t stream = static_cast<cudaStream_t>(p->stream);
-  // the summary at the finer of the two kernels' key blocks (dispatch computes the one that runs)
-  const int block_n = cfg->block_n < cfg->fallback_block_n ? cfg->block_n : cfg->fallback_block_n;
+  const int block_n = summary_block_n(*cfg);
   const int n_blocks = (p->seqlen_k + block_n - 1) / block_n;
   FwdArgs a{};
   fill_attn_args(a, p);

@@ -1,7 +1,7 @@
 // Host-side pieces shared by the forward and backward launchers: error
 // reporting, the lookup of a head-dim pair's tile config, the argument checks
 // both C ABI entries make on fm3_fwd_params, filling the kernels' common
-// arguments (AttnArgs), and the TMA maps of q/k/v.
+// arguments (AttnArgs), the TMA maps of q/k/v, and the block summary each launcher makes.
 #pragma once
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -14,6 +14,7 @@
 
 #include "attn_args.h"
 #include "attn_checks.h"  // fail, check_attn_params
+#include "fm3_cuda.h"     // fm3_cuda_block_summary
 #include "fm3/mask.h"
 #include "fm3/params.h"
 #include "tma_map.cuh"
@@ -71,6 +72,24 @@ bool make_qkv_maps(const AttnArgs& a, int block_m, int block_n, CUtensorMap* mq,
   return make_tma_map<T>(mq, a.q, a.head_dim, a.seqlen_q, a.num_heads, a.batch, a.q_rs, a.q_hs, a.q_bs, block_m) &&
          make_tma_map<T>(mk, a.k, a.head_dim, a.seqlen_k, a.num_heads_k, a.batch, a.k_rs, a.k_hs, a.k_bs, block_n) &&
          make_tma_map<T>(mv, a.v, a.head_dim_v, a.seqlen_k, a.num_heads_k, a.batch, a.v_rs, a.v_hs, a.v_bs, block_n);
+}
+
+// The key blocks the workspace's block summary is sized for: the finer of a config's two kernels'
+// (the WGMMA kernel's and the mma.sync fallback's), since the launch decides which one runs.
+template <class Config>
+int summary_block_n(const Config& c) {
+  return c.block_n < c.fallback_block_n ? c.block_n : c.fallback_block_n;
+}
+
+// The block summary of the mask at the key blocks of the kernel about to launch (block_n), into the
+// args' workspace summary (sized at summary_block_n): each launcher makes its own, so it is made once, for the kernel that runs. Through the C
+// ABI, since the summary kernel is compiled in one translation unit (flash_fwd_launch.cu).
+template <class Args>
+int summarize(const Args& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
+  if (a.summary == nullptr) return 0;
+  return fm3_cuda_block_summary(a.sri, a.batch, a.mask_heads, a.seqlen_q, a.seqlen_k, a.mask_cols, a.causal, block_n,
+                                reinterpret_cast<int32_t*>(const_cast<fm3::BlockSummary*>(a.summary)), stream, err,
+                                err_len);
 }
 
 }  // namespace fm3::hopper
