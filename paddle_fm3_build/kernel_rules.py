@@ -101,8 +101,7 @@ def serve_fwd(c: dict) -> dict:
     built for it too), ``fallback_block_n`` (the mma.sync kernel's key blocks: block_n where it is a
     multiple of 64, else 64: under the WGMMA kernel's 112-key blocks at 192 a 112-row tile's 16-byte
     chunks do not divide among the mma.sync kernel's threads; the block summary is made for the kernel
-    that runs) and its padded tile head dims; ConfigError when neither
-    kernel serves it."""
+    that runs) and its padded tile head dims; ConfigError when neither kernel serves it."""
     where = f"sm90 head_dim {dims_name(c['head_dim'], c['head_dim_v'])}"
     if (e := head_dims_error(where, c["head_dim"], c["head_dim_v"])) is not None:
         raise ConfigError(e)
