@@ -1,6 +1,6 @@
 // Forward WGMMA kernel (fwd/kernel.cuh): the consumers' epilogue of a tile: normalize, write O and
 // lse (RowEnd: the learnable sink joins here). Two ways to write O:
-// - staged (where Q is double-buffered and TMA describes out): each consumer warpgroup writes its 64
+// - staged (where TMA describes out and D_v <= D): each consumer warpgroup writes its 64
 //   rows into the tile's Q buffer, which its products no longer read, in the TMA box layout; one
 //   thread stores them with TMA and hands the buffer back (q_empty) once the store has read it.
 // - direct: pairs of elements per thread straight to global memory (the Q buffer was handed back

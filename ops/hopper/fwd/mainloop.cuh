@@ -11,7 +11,7 @@
 //   two rings. The loop holds the block twice, one copy for unmasked blocks, so that their path
 //   has no jump over the per-element mask code.
 // At the tile boundary the consumers write the tile (fwd/epilogue.cuh) and hand the Q buffer back
-// (q_empty; with one Q buffer before the epilogue, so that the next Q loads meanwhile).
+// (q_empty; after O's staged store has read it, else before the epilogue).
 //
 // Measured (H200, BENCHMARKS.md): the overlap gains up to 5% at D=256 and D=128 and loses 4-5% at
 // D=64 on full / causal, where a block's products are short. An earlier pipelined loop ran at 306

@@ -52,9 +52,9 @@ struct FwdWgmmaTraits {
   // dims 192, 192/128 and 256 a second buffer does not fit beside the K/V ring, so Q loads between
   // tiles.
   static constexpr int kQBuffers = 2 * kQBytes + kStages * (kKBytes + kVBytes) + 8192 <= kSm90SmemLimit ? 2 : 1;
-  // O is staged in the finished tile's Q buffer for its TMA store where the next tile's Q has the
-  // other one (fwd/epilogue.cuh).
-  static constexpr bool kStagedO = kQBuffers == 2 && kDimV <= kDimQK;
+  // O is staged in the finished tile's Q buffer for its TMA store (fwd/epilogue.cuh); with one Q
+  // buffer the next tile's Q loads once the store has read it (FlashAttention-4's sO over sQ).
+  static constexpr bool kStagedO = kDimV <= kDimQK;
   static constexpr int kOffK = kOffQ + kQBuffers * kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kMaskWords = kBlockM / 32;               // visibility words per key column
