@@ -4,8 +4,9 @@
 # side by side, into $OUT: per-kernel summaries (duration, tensor-pipe instructions, executed
 # instructions, warps active, local-memory (spill) requests, registers), and each one's per-SASS-line
 # source view (executed instructions and stall samples per line), summed per opcode side by side by
-# tools/sass_mix.py into $OUT/sass_mix.md.
-#   PROFILE_ARGS="--bwd --family full --seqlen 8192" [PROFILE_IMPLS="fm3 fa4"] tools/gpu_profile.sh
+# tools/sass_mix.py into $OUT/sass_mix.md; then all of it in one archive, $OUT/${PROFILE_TAG:-profile}.tar (a
+# device call brings back only a few files; `tar xf` it, the per-line files are *_sass.csv.gz).
+#   PROFILE_ARGS="--bwd --family full --seqlen 8192" [PROFILE_IMPLS="fm3 fa4"] [PROFILE_TAG=name] tools/gpu_profile.sh
 # Needs ncu; fa4 and flex_flash need FM3_EXTRA_SITE (../shared/tools/fa4_anchor.sh). LIB_DIR as gpu_run.sh.
 # The peer's side matches FlashAttention-4's main kernels by name (FlashAttention{Backward,Forward}Sm90).
 source "$(dirname "$0")/gpu_env.sh"
@@ -32,3 +33,5 @@ for impl in ${PROFILE_IMPLS:-fm3 fa4}; do
   gzip -f "$OUT/${impl}_sass.csv"; rm -f "$OUT/$impl.ncu-rep"
 done
 python3 tools/sass_mix.py $(for impl in ${PROFILE_IMPLS:-fm3 fa4}; do echo "$OUT/${impl}_sass.csv.gz"; done) | tee "$OUT/sass_mix.md"
+(cd "$OUT" && tar cf "${PROFILE_TAG:-profile}.tar" ncu_*.txt ncu_src_*.log ./*_sass.csv.gz ./*_sass.err sass_mix.md 2>/dev/null &&
+  rm -f ncu_*.txt ncu_src_*.log ./*_sass.csv.gz ./*_sass.err sass_mix.md)
