@@ -82,8 +82,9 @@ int summary_block_n(const Config& c) {
 }
 
 // The block summary of the mask at the key blocks of the kernel about to launch (block_n), into the
-// args' workspace summary (sized at summary_block_n): each launcher makes its own, so it is made once, for the kernel that runs. Through the C
-// ABI, since the summary kernel is compiled in one translation unit (flash_fwd_launch.cu).
+// args' workspace summary (sized at summary_block_n): each launcher makes its own, so it is made once,
+// for the kernel that runs. Through the C ABI, since the summary kernel is compiled in one translation
+// unit (flash_fwd_launch.cu).
 template <class Args>
 int summarize(const Args& a, int block_n, cudaStream_t stream, char* err, size_t err_len) {
   if (a.summary == nullptr) return 0;
