@@ -39,6 +39,26 @@ def test_different_masks_fail_on_every_rank_by_default(results, name):
         assert "differ" in r["message"] and "mask" in r["message"], r["message"]
 
 
+@pytest.mark.parametrize("name,needles", [("call_layouts", ["num_heads_k", "differs"]),
+                                          ("call_scales", ["softmax_scale", "differs"]),
+                                          ("call_scores_overflow", ["softmax_scale=1000.0 is too large"])])
+def test_calls_that_differ_or_overflow_fail_on_every_rank(results, name, needles):
+    """Once ranks whose num_heads_k x head_dim agreed exchanged their KV blocks in different layouts
+    and returned wrong outputs with exit 0; a scale too large gave NaN instead of the single-process
+    ValueError."""
+    for r in _rows(results, name):
+        assert all(n in r["message"] for n in needles), r["message"]
+
+
+def test_one_rank_scores_overflow_is_the_single_process_error():
+    import paddle
+
+    plan = fm3dist.make_cp_plan(masks.causal(64).startend_row_indices, causal=True, segment_size=16)
+    q = paddle.to_tensor(np.random.default_rng(3).standard_normal((1, 64, 2, 16)).astype(np.float32) * 1e18)
+    with pytest.raises(ValueError, match="softmax_scale=1000.0 is too large"):
+        fm3dist.cp_flashmask_attention(plan.dispatch(q), plan.dispatch(q), plan.dispatch(q), plan, softmax_scale=1e3)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_matches_single_process(results, dtype):
     for r in _rows(results, f"half_{dtype}"):

@@ -8,6 +8,9 @@ and the remote KV kept from forward (memory: the pruned remote KV of one layer).
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import numpy as np
 import paddle
 from paddle.autograd import PyLayer
@@ -171,8 +174,11 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
 
     Raises:
         TypeError / ValueError: bad tensors, a ``plan`` that is not a :class:`CPPlan`, a non-bool
-            ``return_softmax_lse``, shapes that do not match the plan, or a ``learnable_sink`` that
-            is not a floating tensor of shape ``[num_heads]``.
+            ``return_softmax_lse``, shapes that do not match the plan, a ``learnable_sink`` that
+            is not a floating tensor of shape ``[num_heads]``, or a ``softmax_scale`` whose scores
+            overflow float32 (as :func:`paddle_fm3.flashmask_attention`, on the group's inputs).
+        RuntimeError: on every rank, when the ranks' calls differ in shapes, dtype, softmax_scale
+            or sink (checked once per plan and distinct call: :meth:`CPPlan.check_call_agreement`).
     """
     if not isinstance(plan, CPPlan):
         raise TypeError(f"plan must be a CPPlan (make_cp_plan), got {type(plan).__name__}")
@@ -192,6 +198,17 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
     if hm not in (1, k_local.shape[2], q_local.shape[2]):
         raise ValueError(f"mask heads {hm} must be 1, num_heads_k or num_heads")
     scale = _checks.check_softmax_scale(softmax_scale, q_local.shape[-1])
+    plan.check_call_agreement(
+        "[batch, num_heads, num_heads_k, head_dim, head_dim_v, dtype, softmax_scale, learnable_sink]",
+        [*q_local.shape[:3], k_local.shape[2], q_local.shape[3], v_local.shape[3],
+         zlib.crc32(str(q_local.dtype).encode()), struct.unpack("<q", struct.pack("<d", scale))[0],
+         learnable_sink is not None])
+    if scale > 1.0 and paddle.in_dynamic_mode():  # the single-process check, on the maxima over the group
+        maxima = V.abs_maxima(q_local, k_local)
+        if plan.comm.world_size > 1:
+            gathered = plan.comm.all_gather(paddle.to_tensor(maxima, dtype="float32"))
+            maxima = np.max([m.numpy() for m in gathered], axis=0).tolist()
+        V.check_scores_bound(scale, q_local.shape[3], *maxima)
     sink = ()
     if learnable_sink is not None:
         V.check_learnable_sink(learnable_sink, q_local.shape[2])  # the rule of flashmask_attention's sink

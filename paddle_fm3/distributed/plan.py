@@ -307,6 +307,7 @@ class CPPlan:
         self.recv_peers = [p for p in range(lay.num_ranks) if len(lay.recv[r][p])]
         self.send_peers = [p for p in range(lay.num_ranks) if p != r and len(lay.recv[p][r])]
         self._cache = {}
+        self._agreed_calls = set()
 
     # ---- index helpers -------------------------------------------------------------------
     def _rows(self, segs) -> np.ndarray:
@@ -377,6 +378,27 @@ class CPPlan:
     def check_agreement(self) -> None:
         """:func:`check_agreement` of this plan alone (one all-gather on its group)."""
         check_agreement([self])
+
+    def check_call_agreement(self, what: str, signature: Sequence[int]) -> None:
+        """That every rank of the group runs this plan with the same ``signature`` (int64 values:
+        the shapes, dtype and scale of a call), ``what`` naming them: one all-gather the first time
+        this plan sees the signature, none after. Ranks whose KV heads or head dims differ but
+        multiply to the same sizes would otherwise exchange their blocks in different layouts and
+        return wrong outputs without an error.
+
+        Raises:
+            RuntimeError: on every rank, when some rank's signature differs from the others'.
+        """
+        key = tuple(int(v) for v in signature)
+        if key in self._agreed_calls:
+            return
+        if self.comm.world_size > 1 and not isinstance(self.comm, PlanOnlyCommunicator):
+            got = [tuple(g) for g in self.comm.all_gather_ints(key)]
+            if len(set(got)) > 1:
+                raise RuntimeError(f"CP call differs across the ranks of the group: {what} = "
+                                   + ", ".join(f"rank {r}: {list(g)}" for r, g in enumerate(got))
+                                   + f" (this is rank {self.comm.rank}); every rank must pass the same")
+        self._agreed_calls.add(key)
 
     def stats(self, bytes_per_token: Optional[int] = None) -> dict:
         """Load balance and communication of the layout (same numbers on every rank).

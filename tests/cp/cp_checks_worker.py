@@ -9,6 +9,10 @@ and 5), launched by tests/test_cp_checks.py with
   differs) and ``CPPlan.for_mask``.
 - ``half_float16`` / ``half_bfloat16``: CP forward and backward in half precision against
   single-process ``flashmask_attention`` and the float64 reference.
+- ``call_layouts`` / ``call_scales``: ranks that call ``cp_flashmask_attention`` with different KV
+  heads and head dims (of the same product: the exchange sizes agree) or softmax scales must get a
+  RuntimeError on every rank; ``call_scores_overflow``: a softmax_scale whose scores overflow float32
+  the ValueError of single-process ``flashmask_attention``, on every rank.
 
 Writes OUT_DIR/rank{r}.json; assertions are in the pytest file, exceptions are recorded
 (tests/cp/cp_cases.py).
@@ -71,6 +75,30 @@ def for_mask():
 
 
 guarded(results, "shifted_for_mask", for_mask)
+
+
+def call_case(case, heads_k, head_dim, scale, expect):
+    """cp_flashmask_attention with this rank's (num_heads_k, head_dim, softmax_scale) must raise
+    ``expect`` on this rank; record its message, or an error."""
+    sri = masks.causal_document([40, 50, 54]).startend_row_indices
+    plan = fm3dist.make_cp_plan(sri, causal=True, segment_size=16)
+    rng = np.random.default_rng(0)
+    q, k, v = (paddle.to_tensor(rng.standard_normal((1, 144, h, head_dim)).astype(np.float32) * 1e18)
+               for h in (2, heads_k, heads_k))
+    try:
+        fm3dist.cp_flashmask_attention(plan.dispatch(q), plan.dispatch(k), plan.dispatch(v), plan,
+                                       softmax_scale=scale)
+    except expect as e:
+        results.append({"case": case, "rank": RANK, "message": str(e)})
+        return
+    results.append({"case": case, "rank": RANK, "error": f"{case}: no {expect.__name__} on rank {RANK}"})
+
+
+# KV heads x head dim the same on every rank (the exchange sizes agree), the layouts not
+guarded(results, "call_layouts", lambda: call_case("call_layouts", *((1, 16) if RANK % 2 == 0 else (2, 8)), 0.25,
+                                                   RuntimeError))
+guarded(results, "call_scales", lambda: call_case("call_scales", 1, 16, 0.25 * (1 + RANK), RuntimeError))
+guarded(results, "call_scores_overflow", lambda: call_case("call_scores_overflow", 1, 16, 1e3, ValueError))
 
 
 def half_case(dtype):
