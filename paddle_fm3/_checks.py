@@ -7,6 +7,7 @@ by the bindings' filler (fm3/fill_params.h) for what Python cannot see."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional, Tuple
 
@@ -201,8 +202,12 @@ def check_softmax_scale(softmax_scale, head_dim: int) -> float:
         return float(head_dim) ** -0.5 if head_dim else 1.0
     if isinstance(softmax_scale, (bool, np.bool_)) or not isinstance(softmax_scale, numbers.Real):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
-    if not (float(softmax_scale) >= float(np.finfo(np.float32).tiny) and float(softmax_scale) * LOG2E <= FLOAT32_MAX):
+    try:
+        scale = float(softmax_scale)
+    except OverflowError:  # an int beyond float64
+        scale = math.inf
+    if not (scale >= float(np.finfo(np.float32).tiny) and scale * LOG2E <= FLOAT32_MAX):
         raise ValueError(f"softmax_scale must be a finite float32 > 0 whose scores fit in float32 "
                          f"(softmax_scale * log2(e) <= {FLOAT32_MAX / LOG2E:.3g}; the usual value is "
-                         f"head_dim ** -0.5), got {float(softmax_scale):g}")
-    return float(softmax_scale)
+                         f"head_dim ** -0.5), got {scale:g}")
+    return scale

@@ -64,6 +64,8 @@ CASES = [
     ("negative window", lambda: dict(args=qkv(), window_size=-2), ValueError, "window_size"),
     ("window type", lambda: dict(args=qkv(), window_size="4"), TypeError, "window_size"),
     ("softmax_scale", lambda: dict(args=qkv(), softmax_scale=-1.0), ValueError, "softmax_scale"),
+    ("softmax_scale_beyond_float64", lambda: dict(args=qkv(), softmax_scale=10**400), ValueError,
+     "softmax_scale"),  # once a bare OverflowError
     ("causal type", lambda: dict(args=qkv(), causal=1), TypeError, "causal"),
     ("dropout", lambda: dict(args=qkv(), dropout=0.1), NotImplementedError, "dropout"),
     ("dropout negative", lambda: dict(args=qkv(), dropout=-0.1), ValueError, "dropout must be a probability"),
