@@ -284,7 +284,12 @@ def read_documents(data: Optional[str], text_field: str, max_doc_len: int, skip_
                         bad(where, f"field {text_field!r} holds {type(text).__name__}, expected a string", skip_bad)
                         continue
                     del rec, line
-                    encoded = text.encode("utf-8")
+                    try:
+                        encoded = text.encode("utf-8")
+                    except UnicodeEncodeError as e:  # a lone surrogate escape, e.g. "\ud800"
+                        bad(where, f"field {text_field!r} holds {e.object[e.start:e.end]!r} at character "
+                                   f"{e.start + 1}, not Unicode text", skip_bad)
+                        continue
                     docs.append(encoded[:cap] if cap else encoded)
             source = f"JSONL {path} (field {text_field!r})"
         else:
@@ -668,6 +673,17 @@ def sha256_of(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
+def nonfinite_weights(model, step: int) -> bool:
+    """Report (and return True) when an update left a weight NaN or infinite: the loss of a step is
+    computed before its update, so the last update is checked here, before a checkpoint keeps it."""
+    bad = [name for name, p in model.named_parameters() if not bool(paddle.isfinite(p).all())]
+    if bad:
+        print(f"error: non-finite weights after step {step} ({', '.join(bad[:3])}"
+              f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}); no checkpoint written "
+              "(a smaller --lr may help)", file=sys.stderr)
+    return bool(bad)
+
+
 def save_checkpoint(run_dir: pathlib.Path, model, opt, step: int, args, data_id: dict) -> None:
     """checkpoint/ = model.pdparams, optimizer.pdopt (with the LR schedule) and state.json (the step, the
     arguments, the data's digest and both files' sha256), written last: a folder whose state.json is
@@ -681,6 +697,7 @@ def save_checkpoint(run_dir: pathlib.Path, model, opt, step: int, args, data_id:
     paddle.save(opt.state_dict(), str(tmp / "optimizer.pdopt"))
     state = {"step": step, "args": {k: getattr(args, k) for k in RESUME_KEYS}, "data": data_id,
              "files": {name: sha256_of(tmp / name) for name in CHECKPOINT_FILES}}
+    state["sha256"] = state_digest(state)
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     promote_tmp_checkpoint(run_dir)
 
@@ -694,6 +711,12 @@ def promote_tmp_checkpoint(run_dir: pathlib.Path) -> None:
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def state_digest(state: dict) -> str:
+    """sha256 of state.json's fields but its own ("sha256"): an edited or damaged field shows."""
+    fields = {k: v for k, v in state.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def state_problem(state) -> Optional[str]:
@@ -712,6 +735,10 @@ def state_problem(state) -> Optional[str]:
     data = state.get("data")
     if not (isinstance(data, dict) and isinstance(data.get("sha256"), str) and type(data.get("rows")) is int):
         return "no digest of the data (written by an older examples/train_packed_lm.py?)"
+    if not isinstance(state.get("sha256"), str):
+        return "no sha256 of its own fields (written by an older examples/train_packed_lm.py?)"
+    if state["sha256"] != state_digest(state):
+        return "its fields differ from their sha256 (the file was edited or damaged)"
     return None
 
 
@@ -835,8 +862,14 @@ def open_metrics(path: pathlib.Path, start_step: int):
     can be summarised)."""
     kept = []
     if start_step and path.exists():
-        with open(path, newline="") as fh:
-            kept = [row for row in csv.DictReader(fh) if int(row["step"]) <= start_step]
+        try:
+            with open(path, newline="", encoding="utf-8") as fh:
+                kept = [row for row in csv.DictReader(fh) if int(row["step"]) <= start_step]
+                for row in kept:
+                    float(row["loss"])
+        except (OSError, UnicodeDecodeError, csv.Error, KeyError, TypeError, ValueError) as e:
+            raise SystemExit(f"error: --resume: {path}: not the metrics this script writes ({one_line(e)}); "
+                             "move it away to resume without the earlier steps' losses")
     complete = [int(row["step"]) for row in kept] == list(range(1, start_step + 1))
     earlier = [float(row["loss"]) for row in kept] if complete else None
     fh = open(path, "w", newline="")
@@ -1071,11 +1104,13 @@ def main(argv=None) -> int:
 
     def loss_from_logits(logits, labels):
         # Mean over labelled positions only (Paddle 3.3's reduction='mean' with ignore_index
-        # divides by all positions).
+        # divides by all positions). NaN where a logit is not finite: Paddle's CPU cross_entropy
+        # gives ln(256) for NaN logits, which would pass for a loss.
         flat = labels.reshape([-1])
         per_token = F.cross_entropy(logits.reshape([-1, VOCAB]), flat, ignore_index=IGNORE, reduction="none")
         n_labelled = (flat != IGNORE).astype("float32").sum().clip(min=1.0)
-        return per_token.sum() / n_labelled
+        loss = per_token.sum() / n_labelled
+        return paddle.where(paddle.isfinite(logits).all(), loss, paddle.full_like(loss, float("nan")))
 
     def loss_of(batch):
         tokens, labels, positions, sri = batch
@@ -1150,7 +1185,8 @@ def main(argv=None) -> int:
         step_times.append(time.perf_counter() - ts)
         if not math.isfinite(lv):
             bar.close()
-            print(f"error: non-finite loss {lv} at step {step + 1}", file=sys.stderr)
+            print(f"error: non-finite loss {lv} at step {step + 1} (NaN or infinite logits; a smaller --lr may "
+                  "help)", file=sys.stderr)
             return 1
         losses.append(lv)
         metrics.writerow({"step": step + 1, "loss": f"{lv:.6f}", "lr": f"{lr:.6g}",
@@ -1160,10 +1196,14 @@ def main(argv=None) -> int:
         if not progress and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"step {step + 1}/{args.steps} loss {lv:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
+            if nonfinite_weights(model, step + 1):
+                return 1
             save_checkpoint(run_dir, model, opt, step + 1, args, data_id)
     bar.close()
     metrics_fh.close()
     train_s = time.perf_counter() - t_train
+    if nonfinite_weights(model, args.steps):
+        return 1
     save_checkpoint(run_dir, model, opt, args.steps, args, data_id)
     eval_after = evaluate()
 

@@ -214,15 +214,21 @@ def test_resume_takes_the_newest_complete_checkpoint(killed, tmp_path, tmp_compl
 # ---------------------------------------------------------------------------
 
 
+def signed(state: dict) -> bytes:
+    """state.json with its own sha256 recomputed, as the script writes it: the edits below test the
+    checks of the fields behind that one."""
+    return json.dumps({**state, "sha256": load_train().state_digest(state)}).encode()
+
+
 def set_step(value):
     def edit(raw):
-        return json.dumps({**json.loads(raw), "step": value}).encode()
+        return signed({**json.loads(raw), "step": value})
     return edit
 
 
 def drop(key):
     def edit(raw):
-        return json.dumps({k: v for k, v in json.loads(raw).items() if k != key}).encode()
+        return signed({k: v for k, v in json.loads(raw).items() if k != key})
     return edit
 
 
@@ -245,6 +251,37 @@ def test_bad_state_json_is_a_clear_error(run, edit, msg):
     train_mod = load_train()
     with pytest.raises(SystemExit, match=msg):
         train_mod.main([*QUICK, "--data", str(data), "--run-dir", str(run_dir), "--steps", "3", "--resume"])
+
+
+@pytest.mark.parametrize("field,value", [("step", 1), ("args", {}), ("data", {"sha256": "0" * 64, "rows": 1})])
+def test_edited_state_json_is_refused(run, field, value):
+    """A field changed by hand (or by damage that keeps the JSON valid) no longer matches the file's
+    own sha256: once "step": 2 -> 1 resumed the step-2 weights as step 1 and trained a step again."""
+    data, run_dir = run
+    path = run_dir / "checkpoint" / "state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    assert_clean_error(train(run_dir, data, "--steps", "3", "--resume"), "checkpoint/state.json",
+                       "its fields differ from their sha256")
+    path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "sha256"}))
+    assert_clean_error(train(run_dir, data, "--steps", "3", "--resume"), "no sha256 of its own fields")
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00\x01garbage", b"step,loss\nx,y\n", b"a,b\n1,2\n"])
+def test_unreadable_metrics_on_resume_is_a_clear_error(run, content):
+    """Once a raw UnicodeDecodeError / ValueError / KeyError traceback."""
+    data, run_dir = run
+    (run_dir / "metrics.csv").write_bytes(content)
+    assert_clean_error(train(run_dir, data, "--steps", "3", "--resume"), "metrics.csv")
+
+
+@pytest.mark.parametrize("lr", ["1e4", "1e30"])
+def test_diverged_training_is_an_error_without_a_checkpoint(tmp_path, lr):
+    """Weights gone NaN: once exit 0, a "falling" loss of ln(256) (Paddle's CPU cross_entropy of NaN
+    logits) and an all-NaN checkpoint."""
+    data = write_data(tmp_path / "data")
+    proc = train(tmp_path / "run", data, "--steps", "30", "--lr", lr)
+    assert_clean_error(proc, "non-finite")
+    assert not (tmp_path / "run" / "checkpoint").exists()
 
 
 def test_bad_state_json_is_one_line_without_traceback(run):

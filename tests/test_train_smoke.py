@@ -303,6 +303,18 @@ def test_jsonl_bad_lines(tmp_path):
         train.read_documents(str(path), "text", 0)
 
 
+def test_jsonl_lone_surrogate_is_a_bad_line(tmp_path):
+    """A JSON string escape of half a surrogate pair decodes to text UTF-8 cannot encode: once a
+    UnicodeEncodeError traceback, also under --skip-bad."""
+    train = _load_train()
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"text": "ok one"}\n{"text": "\\ud800 x"}\n{"text": "ok two"}\n')
+    with pytest.raises(SystemExit, match=r"s\.jsonl:2: field 'text' holds '\\ud800' at character 1, not Unicode"):
+        train.read_documents(str(path), "text", 0)
+    got = train.read_documents(str(path), "text", 0, skip_bad=True)
+    assert got.docs == [b"ok one", b"ok two"] and got.skipped == 1
+
+
 def test_utf8_bom_is_accepted(tmp_path):
     train = _load_train()
     (tmp_path / "d.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "hello"}\n')
