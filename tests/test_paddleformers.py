@@ -77,6 +77,16 @@ def test_patch_paddle_import_order_rule(order):
     run_check("check_patch_paddle_order", order)
 
 
+def test_trainer_and_collate_import():
+    """What a PaddleFormers training script imports besides the models: once an ImportError (pyarrow
+    26 needs NumPy 2; PaddleFormers pins 1.26), so its Trainer and data pipeline could not be used."""
+    code = ("from paddleformers.trainer import Trainer\n"
+            "from paddleformers.datasets.collate import gen_attn_mask_startend_row_indices\n"
+            "import datasets\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def test_patch_paddle_routes_both_names_and_unpatch_restores():
     import paddle.nn.functional as F
     import paddle.nn.functional.flash_attention as FA
