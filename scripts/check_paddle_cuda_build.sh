@@ -67,7 +67,7 @@ say "building the CUDA branch (log: $WORK/build.log)"
 start=$SECONDS
 if ! FM3_WITH_CUDA=1 CPATH="$CACHE/include${CPATH:+:$CPATH}" MAX_JOBS="${MAX_JOBS:-2}" \
      "$PY" -m pip wheel -v --no-build-isolation --no-deps -w "$WORK/dist" "$WORK/src" >"$WORK/build.log" 2>&1; then
-  grep -m 40 -E "error|Error" "$WORK/build.log" || true; say "FAILED (build; log: $WORK/build.log)"; exit 1
+  grep -m 40 -E "error|Error|failed|Terminated|Killed" "$WORK/build.log" || true; say "FAILED (build; log: $WORK/build.log)"; exit 1
 fi
 # Paddle's build_ext reports a failed compile and goes on: any such line fails the check too.
 if grep -E "compile failed|generated an exception" "$WORK/build.log"; then say "FAILED (a source did not compile)"; exit 1; fi
