@@ -41,7 +41,8 @@ def test_different_masks_fail_on_every_rank_by_default(results, name):
 
 @pytest.mark.parametrize("name,needles", [("call_layouts", ["num_heads_k", "differs"]),
                                           ("call_scales", ["softmax_scale", "differs"]),
-                                          ("call_scores_overflow", ["softmax_scale=1000.0 is too large"])])
+                                          ("call_scores_overflow", ["softmax_scale=1000.0 is too large"]),
+                                          ("undispatch_shapes", ["undispatch", "differs"])])
 def test_calls_that_differ_or_overflow_fail_on_every_rank(results, name, needles):
     """Once ranks whose num_heads_k x head_dim agreed exchanged their KV blocks in different layouts
     and returned wrong outputs with exit 0; a scale too large gave NaN instead of the single-process

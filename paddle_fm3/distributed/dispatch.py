@@ -8,6 +8,8 @@ rows and restores global order, and its backward keeps this rank's slice of the 
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import paddle
 from paddle.autograd import PyLayer
@@ -88,9 +90,14 @@ def undispatch(plan, x, axis: int = 1):
 
     Raises:
         TypeError: ``x`` is not a paddle.Tensor. ValueError: a bad ``axis`` or ``x.shape[axis] != S / P``.
+        RuntimeError: on every rank, when the ranks' ``x`` differ in shape or dtype.
     """
     axis = _check_axis("undispatch", x, axis)
     if x.shape[axis] != plan.local_seqlen:
         raise ValueError(f"undispatch: x.shape[{axis}] must be the local seqlen {plan.local_seqlen}, "
                          f"got {x.shape[axis]}")
+    # Ranks gathering different shapes or dtypes once aborted the process inside gloo.
+    plan.check_call_agreement("undispatch [axis, ndim, crc32 of the shape, crc32 of the dtype]",
+                              [axis, len(x.shape), zlib.crc32(str(list(x.shape)).encode()),
+                               zlib.crc32(str(x.dtype).encode())])
     return _Undispatch.apply(x, plan, axis)

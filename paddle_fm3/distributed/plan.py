@@ -380,8 +380,9 @@ class CPPlan:
         check_agreement([self])
 
     def check_call_agreement(self, what: str, signature: Sequence[int]) -> None:
-        """That every rank of the group runs this plan with the same ``signature`` (int64 values:
-        the shapes, dtype and scale of a call), ``what`` naming them: one all-gather the first time
+        """That every rank of the group runs this plan with the same ``signature`` (int64 values, as
+        many for every rank: the shapes, dtype and scale of a call), ``what`` naming the call and
+        the values: one all-gather the first time
         this plan sees the signature, none after. Ranks whose KV heads or head dims differ but
         multiply to the same sizes would otherwise exchange their blocks in different layouts and
         return wrong outputs without an error.
@@ -389,16 +390,16 @@ class CPPlan:
         Raises:
             RuntimeError: on every rank, when some rank's signature differs from the others'.
         """
-        key = tuple(int(v) for v in signature)
-        if key in self._agreed_calls:
+        values = tuple(int(v) for v in signature)
+        if (what, values) in self._agreed_calls:
             return
         if self.comm.world_size > 1 and not isinstance(self.comm, PlanOnlyCommunicator):
-            got = [tuple(g) for g in self.comm.all_gather_ints(key)]
+            got = [tuple(g) for g in self.comm.all_gather_ints(values)]
             if len(set(got)) > 1:
                 raise RuntimeError(f"CP call differs across the ranks of the group: {what} = "
                                    + ", ".join(f"rank {r}: {list(g)}" for r, g in enumerate(got))
                                    + f" (this is rank {self.comm.rank}); every rank must pass the same")
-        self._agreed_calls.add(key)
+        self._agreed_calls.add((what, values))
 
     def stats(self, bytes_per_token: Optional[int] = None) -> dict:
         """Load balance and communication of the layout (same numbers on every rank).

@@ -12,7 +12,8 @@ and 5), launched by tests/test_cp_checks.py with
 - ``call_layouts`` / ``call_scales``: ranks that call ``cp_flashmask_attention`` with different KV
   heads and head dims (of the same product: the exchange sizes agree) or softmax scales must get a
   RuntimeError on every rank; ``call_scores_overflow``: a softmax_scale whose scores overflow float32
-  the ValueError of single-process ``flashmask_attention``, on every rank.
+  the ValueError of single-process ``flashmask_attention``, on every rank; ``undispatch_shapes``:
+  ``undispatch`` of tensors whose shapes differ across the ranks, a RuntimeError on every rank.
 
 Writes OUT_DIR/rank{r}.json; assertions are in the pytest file, exceptions are recorded
 (tests/cp/cp_cases.py).
@@ -99,6 +100,22 @@ guarded(results, "call_layouts", lambda: call_case("call_layouts", *((1, 16) if 
                                                    RuntimeError))
 guarded(results, "call_scales", lambda: call_case("call_scales", 1, 16, 0.25 * (1 + RANK), RuntimeError))
 guarded(results, "call_scores_overflow", lambda: call_case("call_scores_overflow", 1, 16, 1e3, ValueError))
+
+
+def undispatch_case():
+    """Ranks gathering tensors of different widths must get a RuntimeError on every rank (once
+    gloo aborted the process)."""
+    plan = fm3dist.make_cp_plan(masks.causal(144).startend_row_indices, causal=True, segment_size=16)
+    x = paddle.zeros([1, plan.local_seqlen, 2 + RANK % 2])
+    try:
+        plan.undispatch(x)
+    except RuntimeError as e:
+        results.append({"case": "undispatch_shapes", "rank": RANK, "message": str(e)})
+        return
+    results.append({"case": "undispatch_shapes", "rank": RANK, "error": f"no RuntimeError on rank {RANK}"})
+
+
+guarded(results, "undispatch_shapes", undispatch_case)
 
 
 def half_case(dtype):
