@@ -381,11 +381,11 @@ class CPPlan:
 
     def check_call_agreement(self, what: str, signature: Sequence[int]) -> None:
         """That every rank of the group runs this plan with the same ``signature`` (int64 values, as
-        many for every rank: the shapes, dtype and scale of a call), ``what`` naming the call and
-        the values: one all-gather the first time
-        this plan sees the signature, none after. Ranks whose KV heads or head dims differ but
-        multiply to the same sizes would otherwise exchange their blocks in different layouts and
-        return wrong outputs without an error.
+        many on every rank: the shapes, dtype and scale of a call), ``what`` naming the call and the
+        values: one all-gather the first time this plan sees the signature, none after (so, like any
+        collective, the ranks make their calls in the same order). Ranks whose KV heads or head dims
+        differ but multiply to the same sizes would otherwise exchange their blocks in different
+        layouts and return wrong outputs without an error.
 
         Raises:
             RuntimeError: on every rank, when some rank's signature differs from the others'.
