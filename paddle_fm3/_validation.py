@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Tuple
 
 import numpy as np
 import paddle
@@ -162,26 +161,20 @@ def check_seed_offset(fixed_seed_offset) -> None:
                          f"{fixed_seed_offset.dtype} {list(fixed_seed_offset.shape)}")
 
 
-def check_scores_fit_float32(softmax_scale: float, query, key) -> None:
+def check_scores_fit_float32(softmax_scale: float, query, key, group_maxima=None) -> None:
     """Reject a softmax_scale whose scores may overflow float32 on these inputs: the bound
     ``softmax_scale * log2(e) * head_dim * max|query| * max|key|`` must fit. Checked in dynamic
     mode for scales above 1 only (two reductions and a host copy; realistic scales are <= 1, and
-    with them an overflow would come from the inputs, not the scale)."""
-    if softmax_scale <= 1.0 or not paddle.in_dynamic_mode() or not query.size or not key.size:
+    with them an overflow would come from the inputs, not the scale). ``group_maxima``: maps this
+    process's ``(max|query|, max|key|)`` to the maxima over its group (context parallelism, where
+    every rank's query meets every rank's key; every rank of the group must call it)."""
+    if softmax_scale <= 1.0 or not paddle.in_dynamic_mode():
         return
-    check_scores_bound(softmax_scale, query.shape[-1], *abs_maxima(query, key))
-
-
-def abs_maxima(query, key) -> Tuple[float, float]:
-    """max|query|, max|key| (0 for an empty tensor), as floats."""
-    return tuple(float(paddle.abs(x).max().astype("float32")) if x.size else 0.0 for x in (query, key))
-
-
-def check_scores_bound(softmax_scale: float, head_dim: int, amax_q: float, amax_k: float) -> None:
-    """check_scores_fit_float32's rule, given max|query| and max|key|."""
+    maxima = tuple(float(paddle.abs(x).max().astype("float32")) if x.size else 0.0 for x in (query, key))
+    amax_q, amax_k = group_maxima(maxima) if group_maxima is not None else maxima
     if not (math.isfinite(amax_q) and math.isfinite(amax_k)):
         return  # NaN / Inf inputs: not the scale's fault; they propagate as in Paddle (documented)
-    bound = softmax_scale * LOG2E * head_dim * amax_q * amax_k
+    bound = softmax_scale * LOG2E * query.shape[-1] * amax_q * amax_k
     if not bound <= FLOAT32_MAX:
         raise ValueError(f"softmax_scale={softmax_scale} is too large for these inputs: the scores can reach "
                          f"softmax_scale * log2(e) * head_dim * max|query| * max|key| = {bound:.3g}, beyond "

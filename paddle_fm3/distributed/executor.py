@@ -8,9 +8,6 @@ and the remote KV kept from forward (memory: the pruned remote KV of one layer).
 
 from __future__ import annotations
 
-import struct
-import zlib
-
 import numpy as np
 import paddle
 from paddle.autograd import PyLayer
@@ -200,15 +197,16 @@ def cp_flashmask_attention(q_local, k_local, v_local, plan, *, softmax_scale=Non
     scale = _checks.check_softmax_scale(softmax_scale, q_local.shape[-1])
     plan.check_call_agreement(
         "[batch, num_heads, num_heads_k, head_dim, head_dim_v, dtype, softmax_scale, learnable_sink]",
-        [*q_local.shape[:3], k_local.shape[2], q_local.shape[3], v_local.shape[3],
-         zlib.crc32(str(q_local.dtype).encode()), struct.unpack("<q", struct.pack("<d", scale))[0],
+        [*q_local.shape[:3], k_local.shape[2], q_local.shape[3], v_local.shape[3], str(q_local.dtype), scale,
          learnable_sink is not None])
-    if scale > 1.0 and paddle.in_dynamic_mode():  # the single-process check, on the maxima over the group
-        maxima = V.abs_maxima(q_local, k_local)
-        if plan.comm.world_size > 1:
-            gathered = plan.comm.all_gather(paddle.to_tensor(maxima, dtype="float32"))
-            maxima = np.max([m.numpy() for m in gathered], axis=0).tolist()
-        V.check_scores_bound(scale, q_local.shape[3], *maxima)
+
+    def group_maxima(maxima):
+        if plan.comm.world_size == 1:
+            return maxima
+        gathered = plan.comm.all_gather(paddle.to_tensor(maxima, dtype="float32"))
+        return np.max([m.numpy() for m in gathered], axis=0).tolist()
+
+    V.check_scores_fit_float32(scale, q_local, k_local, group_maxima)  # flashmask_attention's check, group-wide
     sink = ()
     if learnable_sink is not None:
         V.check_learnable_sink(learnable_sink, q_local.shape[2])  # the rule of flashmask_attention's sink

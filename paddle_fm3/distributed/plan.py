@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import zlib
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -379,18 +380,20 @@ class CPPlan:
         """:func:`check_agreement` of this plan alone (one all-gather on its group)."""
         check_agreement([self])
 
-    def check_call_agreement(self, what: str, signature: Sequence[int]) -> None:
-        """That every rank of the group runs this plan with the same ``signature`` (int64 values, as
-        many on every rank: the shapes, dtype and scale of a call), ``what`` naming the call and the
-        values: one all-gather the first time this plan sees the signature, none after (so, like any
-        collective, the ranks make their calls in the same order). Ranks whose KV heads or head dims
-        differ but multiply to the same sizes would otherwise exchange their blocks in different
-        layouts and return wrong outputs without an error.
+    def check_call_agreement(self, what: str, signature: Sequence) -> None:
+        """That every rank of the group runs this plan with the same ``signature`` (as many values on
+        every rank: the shapes, dtype and scale of a call; ints and bools as they are, anything else
+        by the crc32 of its repr), ``what`` naming the call and the values: one all-gather the first
+        time this plan sees the signature, none after (so, like any collective, the ranks make their
+        calls in the same order). Ranks whose KV heads or head dims differ but multiply to the same
+        sizes would otherwise exchange their blocks in different layouts and return wrong outputs
+        without an error.
 
         Raises:
             RuntimeError: on every rank, when some rank's signature differs from the others'.
         """
-        values = tuple(int(v) for v in signature)
+        values = tuple(int(v) if isinstance(v, (int, np.integer)) else zlib.crc32(repr(v).encode())
+                       for v in signature)
         if (what, values) in self._agreed_calls:
             return
         if self.comm.world_size > 1 and not isinstance(self.comm, PlanOnlyCommunicator):
