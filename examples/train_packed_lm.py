@@ -673,23 +673,19 @@ def sha256_of(path: pathlib.Path) -> str:
     return h.hexdigest()
 
 
-def nonfinite_weights(model, step: int) -> bool:
-    """Report (and return True) when an update left a weight NaN or infinite: the loss of a step is
-    computed before its update, so the last update is checked here, before a checkpoint keeps it."""
-    bad = [name for name, p in model.named_parameters() if not bool(paddle.isfinite(p).all())]
-    if bad:
-        print(f"error: non-finite weights after step {step} ({', '.join(bad[:3])}"
-              f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}); no checkpoint written "
-              "(a smaller --lr may help)", file=sys.stderr)
-    return bool(bad)
-
-
 def save_checkpoint(run_dir: pathlib.Path, model, opt, step: int, args, data_id: dict) -> None:
     """checkpoint/ = model.pdparams, optimizer.pdopt (with the LR schedule) and state.json (the step, the
     arguments, the data's digest and both files' sha256), written last: a folder whose state.json is
     missing or disagrees with its files is an interrupted or damaged save. Written into
     checkpoint.tmp/ first and then renamed into place, so a kill at any point leaves a complete
-    checkpoint in one of CHECKPOINT_DIRS (load_checkpoint takes the newest)."""
+    checkpoint in one of CHECKPOINT_DIRS (load_checkpoint takes the newest). SystemExit, and nothing
+    written, when an update left a weight NaN or infinite (a step's loss is computed before its update,
+    so the training loop's loss check does not see the last one)."""
+    bad = [name for name, p in model.named_parameters() if not bool(paddle.isfinite(p).all())]
+    if bad:
+        raise SystemExit(f"error: non-finite weights after step {step} ({', '.join(bad[:3])}"
+                         f"{f' and {len(bad) - 3} more' if len(bad) > 3 else ''}); no checkpoint written "
+                         "(a smaller --lr may help)")
     tmp = run_dir / "checkpoint.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -860,18 +856,17 @@ def open_metrics(path: pathlib.Path, start_step: int):
     Returns (file, csv.DictWriter, earlier losses): the losses of steps 1..start_step read back
     from the kept rows, or None when the file lacks some of them (then only the resumed steps
     can be summarised)."""
-    kept = []
+    kept, kept_losses = [], []
     if start_step and path.exists():
         try:
             with open(path, newline="", encoding="utf-8") as fh:
                 kept = [row for row in csv.DictReader(fh) if int(row["step"]) <= start_step]
-                for row in kept:
-                    float(row["loss"])
+            kept_losses = [float(row["loss"]) for row in kept]
         except (OSError, UnicodeDecodeError, csv.Error, KeyError, TypeError, ValueError) as e:
             raise SystemExit(f"error: --resume: {path}: not the metrics this script writes ({one_line(e)}); "
                              "move it away to resume without the earlier steps' losses")
     complete = [int(row["step"]) for row in kept] == list(range(1, start_step + 1))
-    earlier = [float(row["loss"]) for row in kept] if complete else None
+    earlier = kept_losses if complete else None
     fh = open(path, "w", newline="")
     writer = csv.DictWriter(fh, fieldnames=METRIC_FIELDS)
     writer.writeheader()
@@ -1196,14 +1191,10 @@ def main(argv=None) -> int:
         if not progress and (step + 1) % max(1, args.steps // 10) == 0:
             print(f"step {step + 1}/{args.steps} loss {lv:.4f}")
         if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
-            if nonfinite_weights(model, step + 1):
-                return 1
             save_checkpoint(run_dir, model, opt, step + 1, args, data_id)
     bar.close()
     metrics_fh.close()
     train_s = time.perf_counter() - t_train
-    if nonfinite_weights(model, args.steps):
-        return 1
     save_checkpoint(run_dir, model, opt, args.steps, args, data_id)
     eval_after = evaluate()
 

@@ -284,6 +284,20 @@ def test_diverged_training_is_an_error_without_a_checkpoint(tmp_path, lr):
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
+def test_checkpoint_of_non_finite_weights_is_refused(tmp_path):
+    """The last update's weights are not seen by any step's loss: save_checkpoint checks them and
+    writes nothing when one is NaN."""
+    import paddle
+
+    train_mod = load_train()
+    model = paddle.nn.Linear(2, 2)
+    model.weight.set_value(paddle.to_tensor([[1.0, float("nan")], [0.0, 1.0]]))
+    opt = paddle.optimizer.SGD(parameters=model.parameters())
+    with pytest.raises(SystemExit, match=r"error: non-finite weights after step 7 \(weight\); no checkpoint"):
+        train_mod.save_checkpoint(tmp_path, model, opt, 7, None, {})
+    assert not any(tmp_path.iterdir())
+
+
 def test_bad_state_json_is_one_line_without_traceback(run):
     data, run_dir = run
     (run_dir / "checkpoint" / "state.json").write_bytes(os.urandom(40))
